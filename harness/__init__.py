@@ -1,0 +1,27 @@
+"""Worlds of rank processes for SPMD tests, and the pytest plugin that drives them.
+
+Test authors use the ``@pytest.mark.world(*sizes)`` marker and the ``world``
+fixture (a :class:`WorldContext` on every rank). The classes below let other
+tools (benchmarks, the gate) run bodies in worlds without pytest's collection.
+"""
+
+from __future__ import annotations
+
+from harness._context import WorldContext
+from harness._outcome import WorldOutcome
+from harness._pool import WorldPool
+from harness._spec import WorldSpec
+from harness._torchrun import launched_by_torchrun
+from harness._world import TestRequest, World, WorldSettings, WorldStartError
+
+__all__ = [
+    "TestRequest",
+    "World",
+    "WorldContext",
+    "WorldOutcome",
+    "WorldPool",
+    "WorldSettings",
+    "WorldSpec",
+    "WorldStartError",
+    "launched_by_torchrun",
+]

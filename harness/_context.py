@@ -1,0 +1,77 @@
+"""The ``world`` object a test body receives on every rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness._spec import WorldSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True)
+class WorldContext:
+    """This rank's view of its world during one test.
+
+    ``tmp_path`` is the same directory on every rank of the test (on one
+    node); ``device`` is ``cuda:<local_rank>`` in CUDA worlds, else ``cpu``.
+    """
+
+    spec: WorldSpec
+    rank: int
+    local_rank: int
+    tmp_path: Path
+    launcher: str  # "spawn" or "torchrun"
+
+    def __repr__(self) -> str:
+        return f"<world rank {self.rank} of {self.spec.label}>"
+
+    @property
+    def size(self) -> int:
+        return self.spec.size
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def device_type(self) -> str:
+        return self.spec.device_type
+
+    @property
+    def device(self) -> torch.device:
+        import torch
+
+        if self.device_type == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return torch.device(self.device_type)
+
+    def mesh(self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None) -> DeviceMesh:
+        """A ``DeviceMesh`` over all ranks with this ``shape`` and optional dim ``names``.
+
+        The shape's product must equal the world size.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        product = 1
+        for d in dims:
+            product *= d
+        if product != self.size:
+            raise ValueError(f"mesh shape {dims} has {product} ranks; this world has {self.size}")
+        if names is not None and len(names) != len(dims):
+            raise ValueError(f"mesh shape {dims} has {len(dims)} dims but {len(names)} names")
+        return init_device_mesh(self.device_type, dims, mesh_dim_names=names)
+
+    def barrier(self) -> None:
+        """Wait until every rank of the world reaches this point."""
+        import torch.distributed as dist
+
+        if self.device_type == "cuda":
+            dist.barrier(device_ids=[self.local_rank])
+        else:
+            dist.barrier()

@@ -1,0 +1,88 @@
+"""Messages between the controller and its rank processes.
+
+They travel pickled over an authenticated ``multiprocessing.connection``;
+each is a small frozen dataclass so both sides agree on the fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness._spec import WorldSpec
+
+# A rank's outcome for one test; "crashed" and "hung" are set by the controller.
+RankStatus = str
+PASSED, FAILED, SKIPPED, XFAILED, CRASHED, HUNG = (
+    "passed",
+    "failed",
+    "skipped",
+    "xfailed",
+    "crashed",
+    "hung",
+)
+
+
+@dataclass(frozen=True)
+class Init:
+    """Controller → rank, once: join the world."""
+
+    spec: WorldSpec
+    rank: int
+    store_host: str
+    store_port: int
+    sys_path: list[str]
+    rootdir: str
+    inifile: str | None
+    verbosity: int
+    pg_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Rank → controller: the process group is up."""
+
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    """Rank → controller: joining the world failed; the text says why."""
+
+    rank: int
+    traceback: str
+
+
+@dataclass(frozen=True)
+class TestCall:
+    """Controller → rank: run one test body."""
+
+    index: int
+    nodeid: str
+    module_name: str
+    module_path: str
+    qualname: str
+    params: bytes  # pickled dict of parametrize arguments
+    tmp_path: str
+    capture_dir: str
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """Rank → controller: how one test body ended on one rank.
+
+    ``pg_count`` is the rank's process-group counter after cleanup; the
+    controller recycles the world when ranks disagree on it.
+    """
+
+    rank: int
+    status: RankStatus
+    longrepr: str = ""
+    duration_s: float = 0.0
+    pg_count: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Controller → rank: leave the process group and exit."""

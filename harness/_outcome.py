@@ -1,0 +1,86 @@
+"""Outcome of one test in one world: the ranks' results and the verdict they add up to.
+
+A test passes only if every rank passed; a skip or an xfail counts only when
+every rank agrees on it; anything else is a failure whose message names
+each rank and what happened to it.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from harness import _messages as msg
+from harness._spec import WorldSpec
+
+_SEVERITY = (msg.CRASHED, msg.HUNG, msg.FAILED)
+
+
+def describe_exit(returncode: int) -> str:
+    """A human description of a process exit status (negative = signal)."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (exit status {returncode})"
+    return f"exited with code {returncode}"
+
+
+@dataclass
+class WorldOutcome:
+    """Everything the controller learnt about one test in one world."""
+
+    spec: WorldSpec
+    results: dict[int, msg.RankResult]
+    captures: dict[int, dict[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """passed, failed, skipped or xfailed: the test's single outcome."""
+        statuses = {self.results[r].status for r in self.ranks}
+        if len(self.results) < self.spec.size or statuses & set(_SEVERITY):
+            return msg.FAILED
+        if len(statuses) == 1:
+            return statuses.pop()
+        return msg.FAILED  # ranks disagree on skip / xfail / pass
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.results)
+
+    @property
+    def world_is_reusable(self) -> bool:
+        """True when every rank finished cleanly and all agree on process-group state."""
+        if self.verdict not in (msg.PASSED, msg.SKIPPED, msg.XFAILED):
+            return False
+        return len({self.results[r].pg_count for r in self.ranks}) == 1
+
+    @property
+    def reason(self) -> str:
+        """The agreed skip or xfail reason (one line per distinct reason)."""
+        reasons = dict.fromkeys(self.results[r].longrepr for r in self.ranks)
+        return "\n".join(reasons)
+
+    def failure_report(self) -> str:
+        """The failure text: a summary line, then each non-passing rank's report."""
+        lines = [f"{self.spec.label}: " + ", ".join(self._rank_summaries())]
+        lines += self.notes
+        for rank in self.ranks:
+            result = self.results[rank]
+            if result.status != msg.PASSED:
+                lines.append(f"{'=' * 20} rank {rank}: {result.status} {'=' * 20}")
+                lines.append(result.longrepr.rstrip())
+        return "\n".join(lines)
+
+    def _rank_summaries(self) -> list[str]:
+        by_status: dict[str, list[int]] = {}
+        for rank in self.ranks:
+            by_status.setdefault(self.results[rank].status, []).append(rank)
+        order = [*_SEVERITY, msg.SKIPPED, msg.XFAILED, msg.PASSED]
+        return [
+            f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {status}"
+            for status in order
+            if (ranks := by_status.get(status))
+        ]

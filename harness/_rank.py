@@ -1,0 +1,164 @@
+"""The main loop of a rank process in spawn mode.
+
+Started by the controller as ``python -m harness._rank``. It reads the
+authentication key from stdin, connects back to the controller, joins the
+process group, then runs test bodies one at a time until told to stop.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+
+import pytest
+
+from harness import _messages as msg
+from harness._capture import captured_fds, stack_dump_path
+from harness._context import WorldContext
+from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
+def _join_world(init: msg.Init) -> None:
+    """Initialise the default process group through the controller's store."""
+    import torch
+    import torch.distributed as dist
+
+    if init.spec.device_type == "cuda":
+        torch.cuda.set_device(init.rank)
+    store = dist.TCPStore(
+        init.store_host,
+        init.store_port,
+        world_size=init.spec.size,
+        is_master=False,
+        timeout=timedelta(seconds=init.pg_timeout_s),
+    )
+    dist.init_process_group(
+        init.spec.backend,
+        store=store,
+        rank=init.rank,
+        world_size=init.spec.size,
+        timeout=timedelta(seconds=init.pg_timeout_s),
+    )
+
+
+def _reset_between_tests() -> int:
+    """Undo per-test global state; return the process-group counter.
+
+    Subgroups (made by ``new_group`` or ``DeviceMesh``) are destroyed so they
+    neither leak nor change the next test. The counter only grows, so ranks
+    that created the same groups report the same value.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    for group in list(c10d._world.pg_map):
+        if group is not c10d.GroupMember.WORLD:
+            dist.destroy_process_group(group)
+    torch.set_grad_enabled(True)
+    return dist.get_pg_count()
+
+
+class RankLoop:
+    """One rank's side of the controller conversation."""
+
+    def __init__(self, conn: Connection, init: msg.Init) -> None:
+        from harness import _rank_pytest
+
+        self.conn = conn
+        self.init = init
+        self.config = _rank_pytest.make_config(init.rootdir, init.inifile, init.verbosity)
+        _rank_pytest.install_assertion_explanations(self.config)
+
+    def run_forever(self) -> None:
+        while True:
+            message = self.conn.recv()
+            if isinstance(message, msg.Shutdown):
+                return
+            self.conn.send(self.run_test(message))
+
+    def run_test(self, call: msg.TestCall) -> msg.RankResult:
+        import torch
+
+        from harness import _rank_pytest
+
+        world = WorldContext(
+            spec=self.init.spec,
+            rank=self.init.rank,
+            local_rank=self.init.rank,
+            tmp_path=Path(call.tmp_path),
+            launcher="spawn",
+        )
+        default_dtype = torch.get_default_dtype()
+        start = time.perf_counter()
+        with captured_fds(call.capture_dir, self.init.rank):
+            try:
+                module = _rank_pytest.import_test_module(
+                    call.module_name, call.module_path, self.config
+                )
+                test = _rank_pytest.resolve_test(module, call.qualname)
+                test(world=world, **pickle.loads(call.params))
+                status, text = msg.PASSED, ""
+            except pytest.skip.Exception as exc:
+                status, text = msg.SKIPPED, str(exc.msg)
+            except pytest.xfail.Exception as exc:
+                status, text = msg.XFAILED, str(exc.msg)
+            except BaseException as exc:  # noqa: BLE001 - every failure is reported
+                status, text = msg.FAILED, _rank_pytest.format_failure(
+                    exc, call.module_path, self.config
+                )
+            finally:
+                torch.set_default_dtype(default_dtype)
+        duration = time.perf_counter() - start
+        return msg.RankResult(
+            rank=self.init.rank,
+            status=status,
+            longrepr=text,
+            duration_s=duration,
+            pg_count=_reset_between_tests(),
+        )
+
+
+def _connect(rank: int) -> Connection:
+    """Connect to the controller (authenticated) and say which rank this is."""
+    host, port = os.environ[CONTROLLER_ADDRESS].rsplit(":", 1)
+    authkey = bytes.fromhex(sys.stdin.readline().strip())
+    conn = Client((host, int(port)), authkey=authkey)
+    conn.send(rank)
+    return conn
+
+
+def main() -> None:
+    rank = int(os.environ[RANK])
+    faulthandler.enable(all_threads=True)
+    stacks = open(stack_dump_path(os.environ[WORLD_DIR], rank), "w")  # noqa: SIM115 - kept open
+    faulthandler.register(STACK_DUMP_SIGNAL, file=stacks, all_threads=True)
+    conn = _connect(rank)
+    init: msg.Init = conn.recv()
+    sys.path[:] = init.sys_path
+    try:
+        _join_world(init)
+        loop = RankLoop(conn, init)
+    except BaseException:  # noqa: BLE001 - the controller shows why
+        conn.send(msg.InitFailed(rank=rank, traceback=traceback.format_exc()))
+        raise
+    conn.send(msg.Ready(rank=rank, pid=os.getpid()))
+    loop.run_forever()
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""A spawned world: N rank processes, their process group, and one test at a time.
+
+The controller owns the rendezvous store and an authenticated listener on
+loopback. Each rank is a fresh interpreter (``python -m harness._rank``) in
+its own process session, so killing a world kills everything it started.
+A rank's death is seen at once through a pidfd; a hang ends at the test's
+deadline, after every live rank has dumped its Python stacks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import _env
+from harness import _messages as msg
+from harness._capture import STREAMS, read_capture, stack_dump_path
+from harness._outcome import WorldOutcome, describe_exit
+from harness._spec import WorldSpec
+
+LOOPBACK = "127.0.0.1"
+# How long survivors may still finish after a rank died before they count as hung.
+CRASH_GRACE_S = 2.0
+# How long a rank gets to write its stacks after the dump signal.
+STACK_DUMP_WAIT_S = 2.0
+
+
+class WorldStartError(RuntimeError):
+    """The world's ranks could not all join the process group."""
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    """How worlds are started; shared by every world of a session."""
+
+    sys_path: list[str]
+    rootdir: str
+    inifile: str | None
+    verbosity: int = 0
+    startup_timeout_s: float = 120.0
+    pg_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
+            raise ValueError("world timeouts must be positive")
+
+
+@dataclass(frozen=True)
+class TestRequest:
+    """One test for a world to run: where its body lives and with which arguments."""
+
+    nodeid: str
+    module_name: str
+    module_path: str
+    qualname: str
+    params: dict[str, Any]
+    tmp_path: str
+    timeout_s: float
+
+
+class _RankProcess:
+    """A rank's process, its exit watch (pidfd) and its connection."""
+
+    def __init__(self, rank: int, popen: subprocess.Popen[bytes]) -> None:
+        self.rank = rank
+        self.popen = popen
+        self.exit_fd = os.pidfd_open(popen.pid)
+        self.conn: Connection | None = None
+
+    def exit_status(self) -> int | None:
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.popen.wait()
+        if self.conn is not None:
+            self.conn.close()
+        os.close(self.exit_fd)
+
+
+class World:
+    """A live world of ``spec.size`` ranks that runs test bodies on request."""
+
+    def __init__(self, spec: WorldSpec, settings: WorldSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.dir = Path(tempfile.mkdtemp(prefix=f"world-{spec.backend}{spec.size}-"))
+        self._tests_run = 0
+        self._ranks: list[_RankProcess] = []
+        self._store: Any = None
+        try:
+            self._start()
+        except BaseException:
+            self.kill()
+            raise
+
+    # ----- lifecycle -------------------------------------------------------
+
+    def _start(self) -> None:
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+        authkey = secrets.token_bytes(32)
+        with Listener((LOOPBACK, 0), authkey=authkey) as listener:
+            host, port = listener.address
+            for rank in range(self.spec.size):
+                self._ranks.append(self._spawn(rank, f"{host}:{port}", authkey))
+            self._accept(listener)
+        for proc in self._ranks:
+            assert proc.conn is not None
+            proc.conn.send(self._init_message(proc.rank))
+        self._await_ready()
+
+    def _spawn(self, rank: int, address: str, authkey: bytes) -> _RankProcess:
+        log = open(self._log_path(rank), "wb")  # noqa: SIM115 - handed to the child
+        with log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "harness._rank"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._rank_env(rank, address),
+                start_new_session=True,
+            )
+        assert popen.stdin is not None
+        popen.stdin.write(authkey.hex().encode() + b"\n")
+        popen.stdin.close()
+        return _RankProcess(rank, popen)
+
+    def _rank_env(self, rank: int, address: str) -> dict[str, str]:
+        env = dict(os.environ)
+        package_parent = str(Path(harness.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_parent, env.get("PYTHONPATH", "")) if p
+        )
+        env.update(
+            {
+                _env.ROLE: _env.RANK_ROLE,
+                _env.CONTROLLER_ADDRESS: address,
+                _env.RANK: str(rank),
+                _env.WORLD_DIR: str(self.dir),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(self.spec.size),
+                "LOCAL_WORLD_SIZE": str(self.spec.size),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        # Loopback rendezvous, and no oversubscription of a small machine.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def _init_message(self, rank: int) -> msg.Init:
+        return msg.Init(
+            spec=self.spec,
+            rank=rank,
+            store_host=LOOPBACK,
+            store_port=self._store.port,
+            sys_path=self.settings.sys_path,
+            rootdir=self.settings.rootdir,
+            inifile=self.settings.inifile,
+            verbosity=self.settings.verbosity,
+            pg_timeout_s=self.settings.pg_timeout_s,
+        )
+
+    def _accept(self, listener: Listener) -> None:
+        """Accept one authenticated connection per rank; each rank first names itself."""
+        accepted: queue.Queue[Connection | BaseException] = queue.Queue()
+
+        def accept_all() -> None:
+            for _ in range(self.spec.size):
+                try:
+                    accepted.put(listener.accept())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    accepted.put(exc)
+                    return
+
+        threading.Thread(target=accept_all, daemon=True).start()
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        for _ in range(self.spec.size):
+            item = self._next_during_start(accepted, deadline)
+            if isinstance(item, BaseException):
+                raise WorldStartError(self._start_failure(f"a rank failed to connect: {item!r}"))
+            rank = item.recv()
+            self._ranks[rank].conn = item
+
+    def _next_during_start(
+        self, items: queue.Queue[Connection | BaseException], deadline: float
+    ) -> Connection | BaseException:
+        while True:
+            self._raise_if_a_rank_exited()
+            if time.monotonic() > deadline:
+                raise WorldStartError(self._start_failure("ranks did not connect in time"))
+            try:
+                return items.get(timeout=0.05)
+            except queue.Empty:
+                continue
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        pending = {p.conn: p for p in self._ranks if p.conn is not None}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorldStartError(self._start_failure("ranks did not join the process group"))
+            ready = wait([*pending, *(p.exit_fd for p in self._ranks)], timeout=remaining)
+            self._raise_if_a_rank_exited()
+            for conn in ready:
+                if isinstance(conn, Connection):
+                    reply = conn.recv()
+                    if isinstance(reply, msg.InitFailed):
+                        raise WorldStartError(
+                            self._start_failure(f"rank {reply.rank} failed to join the world")
+                        )
+                    del pending[conn]
+
+    def _raise_if_a_rank_exited(self) -> None:
+        for proc in self._ranks:
+            status = proc.exit_status()
+            if status is not None:
+                raise WorldStartError(
+                    self._start_failure(f"rank {proc.rank} {describe_exit(status)} while starting")
+                )
+
+    def _start_failure(self, what: str) -> str:
+        logs = [f"{self.spec.label}: {what}"]
+        for rank in range(self.spec.size):
+            text = self._log_path(rank).read_text(errors="replace") if self.dir.exists() else ""
+            logs.append(f"--- rank {rank} output ---\n{text.rstrip() or '(nothing)'}")
+        return "\n".join(logs)
+
+    def _log_path(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.log"
+
+    def exited_ranks(self) -> dict[int, int]:
+        """Ranks whose process has ended, with their exit status."""
+        statuses = {p.rank: p.exit_status() for p in self._ranks}
+        return {rank: status for rank, status in statuses.items() if status is not None}
+
+    def close(self) -> None:
+        """Ask every rank to leave cleanly; kill those that do not within a few seconds."""
+        for proc in self._ranks:
+            if proc.conn is not None and proc.exit_status() is None:
+                try:
+                    proc.conn.send(msg.Shutdown())
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5.0
+        for proc in self._ranks:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every rank process and free the world's resources."""
+        for proc in self._ranks:
+            proc.kill()
+        self._ranks = []
+        self._store = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ----- running a test --------------------------------------------------
+
+    def run(self, request: TestRequest) -> WorldOutcome:
+        """Run one test body on every rank and collect how each ended."""
+        index = self._tests_run
+        self._tests_run += 1
+        capture_dir = self.dir / f"test{index}"
+        call = msg.TestCall(
+            index=index,
+            nodeid=request.nodeid,
+            module_name=request.module_name,
+            module_path=request.module_path,
+            qualname=request.qualname,
+            params=pickle.dumps(request.params),
+            tmp_path=request.tmp_path,
+            capture_dir=str(capture_dir),
+        )
+        results: dict[int, msg.RankResult] = {}
+        for proc in self._ranks:
+            assert proc.conn is not None
+            try:
+                proc.conn.send(call)
+            except OSError:
+                pass  # its death is reported by the exit watch below
+        self._collect(results, time.monotonic() + request.timeout_s, request.timeout_s)
+        outcome = WorldOutcome(spec=self.spec, results=results)
+        for rank in range(self.spec.size):
+            outcome.captures[rank] = {s: read_capture(capture_dir, rank, s) for s in STREAMS}
+        shutil.rmtree(capture_dir, ignore_errors=True)
+        return outcome
+
+    def _collect(
+        self, results: dict[int, msg.RankResult], deadline: float, timeout_s: float
+    ) -> None:
+        """Gather results until every rank reported, died, or the deadline passed."""
+        crashed_at: float | None = None
+        while len(results) < self.spec.size:
+            pending = [p for p in self._ranks if p.rank not in results]
+            limit = deadline if crashed_at is None else min(deadline, crashed_at + CRASH_GRACE_S)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                why = (
+                    f"did not finish within the {timeout_s:g} s deadline"
+                    if crashed_at is None
+                    else "still running after another rank died"
+                )
+                self._mark_hung(pending, results, why)
+                return
+            watched: list[Any] = [p.conn for p in pending if p.conn is not None]
+            watched += [p.exit_fd for p in pending]
+            for ready in wait(watched, timeout=remaining):
+                proc = next(p for p in pending if ready in (p.conn, p.exit_fd))
+                if proc.rank in results:
+                    continue
+                result = self._receive(proc)
+                if result is None:
+                    status = proc.popen.wait()
+                    results[proc.rank] = msg.RankResult(
+                        rank=proc.rank,
+                        status=msg.CRASHED,
+                        longrepr=f"rank {proc.rank} {describe_exit(status)} during the test",
+                    )
+                    crashed_at = crashed_at or time.monotonic()
+                else:
+                    results[proc.rank] = result
+
+    @staticmethod
+    def _receive(proc: _RankProcess) -> msg.RankResult | None:
+        """The rank's result, or None if its process is gone."""
+        assert proc.conn is not None
+        if proc.exit_status() is not None and not proc.conn.poll():
+            return None
+        try:
+            reply: msg.RankResult = proc.conn.recv()
+        except (EOFError, OSError):
+            return None
+        return reply
+
+    def _mark_hung(
+        self, pending: list[_RankProcess], results: dict[int, msg.RankResult], why: str
+    ) -> None:
+        stacks = self._dump_stacks(pending)
+        for proc in pending:
+            results[proc.rank] = msg.RankResult(
+                rank=proc.rank,
+                status=msg.HUNG,
+                longrepr=f"rank {proc.rank} {why}; its Python stacks:\n{stacks[proc.rank]}",
+            )
+
+    def _dump_stacks(self, procs: list[_RankProcess]) -> dict[int, str]:
+        """Ask each process for its Python stacks (faulthandler) and read them."""
+        paths = {p.rank: stack_dump_path(self.dir, p.rank) for p in procs}
+        before = {rank: _size(path) for rank, path in paths.items()}
+        for proc in procs:
+            if proc.exit_status() is None:
+                os.kill(proc.popen.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
+        sizes = dict(before)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = {rank: _size(path) for rank, path in paths.items()}
+            if now == sizes and all(now[r] > before[r] for r in now):
+                break
+            sizes = now
+        stacks = {}
+        for rank, path in paths.items():
+            with open(path, "rb") as f:
+                f.seek(before[rank])
+                stacks[rank] = f.read().decode(errors="replace").rstrip() or "(no stack dump)"
+        return stacks
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

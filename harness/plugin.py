@@ -1,0 +1,304 @@
+"""The pytest plugin: the ``world`` marker and fixture, in spawn and torchrun mode.
+
+This module only wires pytest's hooks to the harness: worlds live in
+``_pool``/``_world``, rank-side execution in ``_rank``, verdicts in
+``_outcome`` and torchrun agreement in ``_torchrun``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import _env
+from harness import _messages as msg
+from harness._options import WorldOptions, add_options
+from harness._outcome import WorldOutcome
+from harness._pool import WorldPool
+from harness._spec import WorldSpec
+from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
+from harness._world import TestRequest, WorldSettings, WorldStartError
+
+MARKER = "world"
+
+
+@dataclass
+class _Session:
+    """The plugin's state for one pytest session (controller or torchrun rank)."""
+
+    options: WorldOptions
+    pool: WorldPool | None = None  # spawn mode
+    torchrun: TorchrunWorld | None = None  # torchrun mode
+
+
+@dataclass(frozen=True)
+class WorldTicket:
+    """The ``world`` fixture's value in the controller: the body runs elsewhere."""
+
+    spec: WorldSpec
+    tmp_path: Path
+
+
+_SESSION = pytest.StashKey[_Session]()
+
+
+def _in_rank_process() -> bool:
+    return os.environ.get(_env.ROLE) == _env.RANK_ROLE
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*sizes, timeout=None): run the test body on every rank of a world of each size",
+    )
+    if _in_rank_process():
+        return
+    options = WorldOptions.from_config(config)
+    session = _Session(options)
+    if launched_by_torchrun():
+        session.torchrun = TorchrunWorld(options.backend)
+        if not session.torchrun.is_reporter:
+            config.option.xmlpath = None  # rank 0 alone writes the junit XML
+    else:
+        settings = WorldSettings(
+            sys_path=list(sys.path),
+            rootdir=str(config.rootpath),
+            inifile=str(config.inipath) if config.inipath else None,
+            verbosity=config.get_verbosity(),
+            pg_timeout_s=2 * options.timeout_s + 60,
+        )
+        session.pool = WorldPool(settings, max_alive=options.max_worlds)
+    config.stash[_SESSION] = session
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    state = session.config.stash.get(_SESSION, None)
+    if state and state.torchrun and not state.torchrun.is_reporter:
+        reporter = session.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_SESSION, None)
+    if state and state.pool:
+        state.pool.close()
+
+
+# ----- collection -------------------------------------------------------------
+
+
+def _world_sizes(marker: pytest.Mark) -> tuple[int, ...]:
+    sizes = tuple(marker.args)
+    if not sizes or not all(isinstance(s, int) and s >= 1 for s in sizes):
+        raise pytest.UsageError(f"@pytest.mark.world needs positive integer sizes, got {sizes}")
+    return sizes
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    if "world" not in metafunc.fixturenames:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: a test marked world must take the `world` argument"
+        )
+    sizes = _world_sizes(marker)
+    metafunc.parametrize("world", sizes, indirect=True, ids=[f"w{s}" for s in sizes])
+
+
+def _item_size(item: pytest.Item) -> int | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or item.get_closest_marker(MARKER) is None:
+        return None
+    size: int = callspec.params["world"]
+    return size
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = config.stash.get(_SESSION, None)
+    if state is None:
+        return
+    wanted: set[int] | None = set(state.options.sizes) if state.options.sizes else None
+    if state.torchrun is not None:
+        wanted = {state.torchrun.spec.size}
+    keep, drop = [], []
+    for item in items:
+        size = _item_size(item)
+        (drop if size is not None and wanted is not None and size not in wanted else keep).append(
+            item
+        )
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    # Plain tests first, then world tests grouped by size: one spawn per world.
+    keep.sort(key=lambda item: (_item_size(item) or 0))
+    items[:] = keep
+
+
+# ----- the fixture ------------------------------------------------------------
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest) -> Any:
+    """The rank's ``WorldContext`` inside a test marked ``@pytest.mark.world(...)``."""
+    if not hasattr(request, "param"):
+        pytest.fail("the `world` fixture needs @pytest.mark.world(sizes...) on the test")
+    state = request.config.stash[_SESSION]
+    size: int = request.param
+    if state.torchrun is not None:
+        return state.torchrun.context(_safe_name(request.node.nodeid))
+    spec = WorldSpec(state.options.backend, size)
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        if state.options.require_devices:
+            pytest.fail(f"{reason} (--require-devices)", pytrace=False)
+        pytest.skip(reason)
+    return WorldTicket(spec=spec, tmp_path=request.getfixturevalue("tmp_path"))
+
+
+def _safe_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)[-120:]
+
+
+# ----- running ----------------------------------------------------------------
+
+
+def _deadline(item: pytest.Item, options: WorldOptions) -> float:
+    marker = item.get_closest_marker(MARKER)
+    timeout = marker.kwargs.get("timeout") if marker else None
+    return float(timeout) if timeout is not None else options.timeout_s
+
+
+def _body_params(item: pytest.Function) -> dict[str, Any]:
+    """The parametrize arguments the body takes; other fixtures cannot cross to ranks."""
+    params = item.callspec.params
+    names = [n for n in inspect.signature(item.obj).parameters if n not in ("self", "world")]
+    foreign = [n for n in names if n not in params]
+    if foreign:
+        pytest.fail(
+            f"world test bodies run on the ranks and receive only `world` and parametrize "
+            f"arguments; {item.name} also asks for fixture(s): {', '.join(foreign)}",
+            pytrace=False,
+        )
+    return {n: params[n] for n in names}
+
+
+def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> TestRequest:
+    qualname = item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
+    return TestRequest(
+        nodeid=item.nodeid,
+        module_name=item.module.__name__,
+        module_path=str(item.module.__file__),
+        qualname=qualname,
+        params=_body_params(item),
+        tmp_path=str(ticket.tmp_path),
+        timeout_s=timeout_s,
+    )
+
+
+def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
+    """Turn the world's outcome into this item's pytest outcome."""
+    for rank, streams in sorted(outcome.captures.items()):
+        for stream, text in streams.items():
+            if text:
+                item.add_report_section("call", f"{stream} (rank {rank})", text)
+    verdict = outcome.verdict
+    if verdict == msg.SKIPPED:
+        pytest.skip(outcome.reason)
+    if verdict == msg.XFAILED:
+        pytest.xfail(outcome.reason)
+    if verdict != msg.PASSED:
+        pytest.fail(outcome.failure_report(), pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    state = pyfuncitem.config.stash.get(_SESSION, None)
+    ticket = pyfuncitem.funcargs.get("world")
+    if state is None or state.pool is None or not isinstance(ticket, WorldTicket):
+        return None
+    request = _request(pyfuncitem, ticket, _deadline(pyfuncitem, state.options))
+    try:
+        outcome = state.pool.run(ticket.spec, request)
+    except WorldStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    _report(pyfuncitem, outcome)
+    return True
+
+
+# ----- torchrun mode ----------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    state = item.config.stash.get(_SESSION, None)
+    if state is None or state.torchrun is None or _item_size(item) is None:
+        return (yield)
+    torchrun = state.torchrun
+
+    def on_hang(stacks: str) -> None:
+        timeout = _deadline(item, state.options)
+        result = msg.RankResult(
+            rank=torchrun.rank,
+            status=msg.HUNG,
+            longrepr=f"did not finish within the {timeout:g} s deadline; stacks:\n{stacks}",
+        )
+        if not torchrun.is_reporter:
+            torchrun.publish(result)
+            return
+        outcome = torchrun.agree(result, timeout_s=10.0)
+        report = pytest.TestReport(
+            nodeid=item.nodeid,
+            location=item.location,
+            keywords=dict.fromkeys(item.keywords, 1),
+            outcome="failed",
+            longrepr=outcome.failure_report(),
+            when="call",
+        )
+        item.ihook.pytest_runtest_logreport(report=report)
+        item.session.shouldfail = "a world test hung under torchrun"
+        item.config.hook.pytest_sessionfinish(session=item.session, exitstatus=1)
+
+    with HangWatchdog(_deadline(item, state.options), on_hang):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    state = item.config.stash.get(_SESSION, None)
+    if state is None or state.torchrun is None or call.when != "call" or _item_size(item) is None:
+        return report
+    local = _local_result(state.torchrun.rank, report)
+    outcome = state.torchrun.agree(local, timeout_s=_deadline(item, state.options))
+    verdict = outcome.verdict
+    if verdict == msg.FAILED:
+        report.outcome, report.longrepr = "failed", outcome.failure_report()
+    elif verdict == msg.SKIPPED and report.outcome != "skipped":
+        report.outcome, report.longrepr = "skipped", (str(item.path), 0, outcome.reason)
+    return report
+
+
+def _local_result(rank: int, report: pytest.TestReport) -> msg.RankResult:
+    if hasattr(report, "wasxfail"):
+        return msg.RankResult(rank=rank, status=msg.XFAILED, longrepr=report.wasxfail)
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return msg.RankResult(rank=rank, status=msg.SKIPPED, longrepr=reason)
+    status = msg.FAILED if report.failed else msg.PASSED
+    return msg.RankResult(rank=rank, status=status, longrepr=str(report.longrepr or ""))

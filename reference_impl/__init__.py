@@ -1,0 +1,1 @@
+"""An independent oracle of the semantics of torch's distributed state-dict code."""
