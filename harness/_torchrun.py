@@ -29,6 +29,7 @@ from harness._context import WorldContext
 from harness._outcome import WorldOutcome
 from harness._spec import DEFAULT_DEVICE_TYPE, WorldSpec
 
+_FINISH_WAIT_S = 600.0
 _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -91,6 +92,13 @@ class TorchrunWorld:
             dist.barrier(device_ids=[self.local_rank])
         else:
             dist.barrier()
+
+    def finish(self) -> None:
+        """Rank 0 announces that its reports are written; the others wait for that."""
+        if self.is_reporter:
+            self._store.set("finished", b"1")
+        else:
+            self._store.wait(["finished"], timedelta(seconds=_FINISH_WAIT_S))
 
     def publish(self, result: msg.RankResult) -> None:
         """Put this rank's result for the current test in the store."""

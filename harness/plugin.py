@@ -28,6 +28,8 @@ from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
 from harness._world import TestRequest, WorldSettings, WorldStartError
 
 MARKER = "world"
+# Under torchrun, how long past a test's deadline ranks wait for each other's results.
+HANG_REPORT_GRACE_S = 30.0
 
 
 @dataclass
@@ -71,7 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if launched_by_torchrun():
         session.torchrun = TorchrunWorld(options.backend)
         if not session.torchrun.is_reporter:
-            config.option.xmlpath = None  # rank 0 alone writes the junit XML
+            # Rank 0 alone prints and writes the junit XML.
+            config.option.xmlpath = None
+            config.pluginmanager.set_blocked("terminalreporter")
     else:
         settings = WorldSettings(
             sys_path=list(sys.path),
@@ -84,18 +88,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SESSION] = session
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    state = session.config.stash.get(_SESSION, None)
-    if state and state.torchrun and not state.torchrun.is_reporter:
-        reporter = session.config.pluginmanager.getplugin("terminalreporter")
-        if reporter is not None:
-            session.config.pluginmanager.unregister(reporter)
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_SESSION, None)
     if state and state.pool:
         state.pool.close()
+    if state and state.torchrun:
+        # No rank may exit before rank 0 has written its reports: torchrun
+        # stops every rank as soon as one of them exits with an error.
+        state.torchrun.finish()
 
 
 # ----- collection -------------------------------------------------------------
@@ -259,7 +259,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         if not torchrun.is_reporter:
             torchrun.publish(result)
             return
-        outcome = torchrun.agree(result, timeout_s=10.0)
+        outcome = torchrun.agree(result, timeout_s=HANG_REPORT_GRACE_S)
         report = pytest.TestReport(
             nodeid=item.nodeid,
             location=item.location,
@@ -285,7 +285,9 @@ def pytest_runtest_makereport(
     if state is None or state.torchrun is None or call.when != "call" or _item_size(item) is None:
         return report
     local = _local_result(state.torchrun.rank, report)
-    outcome = state.torchrun.agree(local, timeout_s=_deadline(item, state.options))
+    # Wait past the deadline, so that a hung rank's watchdog can publish its stacks.
+    wait_s = _deadline(item, state.options) + HANG_REPORT_GRACE_S
+    outcome = state.torchrun.agree(local, timeout_s=wait_s)
     verdict = outcome.verdict
     if verdict == msg.FAILED:
         report.outcome, report.longrepr = "failed", outcome.failure_report()
@@ -300,5 +302,9 @@ def _local_result(rank: int, report: pytest.TestReport) -> msg.RankResult:
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         return msg.RankResult(rank=rank, status=msg.SKIPPED, longrepr=reason)
-    status = msg.FAILED if report.failed else msg.PASSED
-    return msg.RankResult(rank=rank, status=status, longrepr=str(report.longrepr or ""))
+    if report.passed:
+        return msg.RankResult(rank=rank, status=msg.PASSED)
+    text = str(report.longrepr or "")
+    for name, content in report.sections:
+        text += f"\n{'-' * 10} {name} {'-' * 10}\n{content}"
+    return msg.RankResult(rank=rank, status=msg.FAILED, longrepr=text)
