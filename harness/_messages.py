@@ -57,6 +57,8 @@ class InitFailed:
 class TestCall:
     """Controller → rank: run one test body."""
 
+    __test__ = False  # not a pytest test class
+
     index: int
     nodeid: str
     module_name: str

@@ -63,6 +63,8 @@ class WorldSettings:
 class TestRequest:
     """One test for a world to run: where its body lives and with which arguments."""
 
+    __test__ = False  # not a pytest test class
+
     nodeid: str
     module_name: str
     module_path: str

@@ -11,6 +11,7 @@ import inspect
 import os
 import re
 import sys
+import warnings
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,11 +162,6 @@ def world(request: pytest.FixtureRequest) -> Any:
     if state.torchrun is not None:
         return state.torchrun.context(_safe_name(request.node.nodeid))
     spec = WorldSpec(state.options.backend, size)
-    reason = spec.unavailable_reason()
-    if reason is not None:
-        if state.options.require_devices:
-            pytest.fail(f"{reason} (--require-devices)", pytrace=False)
-        pytest.skip(reason)
     return WorldTicket(spec=spec, tmp_path=request.getfixturevalue("tmp_path"))
 
 
@@ -209,8 +205,14 @@ def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> Te
     )
 
 
+class WorldRespawnedWarning(pytest.PytestWarning):
+    """A world died between tests (a rank exited after its last result) and was replaced."""
+
+
 def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
     """Turn the world's outcome into this item's pytest outcome."""
+    for note in outcome.notes:
+        warnings.warn(WorldRespawnedWarning(note), stacklevel=1)
     for rank, streams in sorted(outcome.captures.items()):
         for stream, text in streams.items():
             if text:
@@ -230,6 +232,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     ticket = pyfuncitem.funcargs.get("world")
     if state is None or state.pool is None or not isinstance(ticket, WorldTicket):
         return None
+    reason = ticket.spec.unavailable_reason()
+    if reason is not None:
+        if state.options.require_devices:
+            pytest.fail(f"{reason} (--require-devices)", pytrace=False)
+        pytest.skip(reason)
     request = _request(pyfuncitem, ticket, _deadline(pyfuncitem, state.options))
     try:
         outcome = state.pool.run(ticket.spec, request)

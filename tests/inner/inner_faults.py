@@ -1,0 +1,144 @@
+"""Faults injected into world tests; each fault is followed by a probe that must pass.
+
+Every body records its rank's pid, so the outer tests can tell a reused
+world from a fresh one.
+"""
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+def record_pid(world, name):
+    pids = Path(os.environ["INNER_WORKDIR"]) / "pids"
+    pids.mkdir(exist_ok=True)
+    (pids / f"{name}-w{world.size}-r{world.rank}").write_text(str(os.getpid()))
+
+
+def last_rank(world):
+    return world.rank == world.size - 1
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_start(world):
+    record_pid(world, "probe_start")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == world.size
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_reused(world):
+    record_pid(world, "probe_reused")
+
+
+@pytest.mark.world(1, 2, 4, timeout=3)
+def test_hang_one_rank(world):
+    record_pid(world, "hang_one_rank")
+    if last_rank(world):
+        time.sleep(600)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_hang_one_rank(world):
+    record_pid(world, "probe_after_hang_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4, timeout=3)
+def test_hang_all_ranks(world):
+    record_pid(world, "hang_all_ranks")
+    time.sleep(600)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_hang_all_ranks(world):
+    record_pid(world, "probe_after_hang_all_ranks")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_exception_one_rank(world):
+    record_pid(world, "exception_one_rank")
+    if last_rank(world):
+        raise ValueError(f"injected failure on rank {world.rank}")
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_exception_one_rank(world):
+    record_pid(world, "probe_after_exception_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_exit_one_rank(world):
+    record_pid(world, "exit_one_rank")
+    if last_rank(world):
+        os._exit(13)
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_exit_one_rank(world):
+    record_pid(world, "probe_after_exit_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_segfault_one_rank(world):
+    record_pid(world, "segfault_one_rank")
+    if last_rank(world):
+        ctypes.string_at(0)
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_segfault_one_rank(world):
+    record_pid(world, "probe_after_segfault_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_sigkill_one_rank(world):
+    record_pid(world, "sigkill_one_rank")
+    if last_rank(world):
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_sigkill_one_rank(world):
+    record_pid(world, "probe_after_sigkill_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(2, 4, timeout=3)
+def test_collective_on_some_ranks(world):
+    record_pid(world, "collective_on_some_ranks")
+    if world.rank == 0:
+        dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_collective_on_some_ranks(world):
+    record_pid(world, "probe_after_collective_on_some_ranks")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_skip_on_some_ranks(world):
+    record_pid(world, "skip_on_some_ranks")
+    if last_rank(world):
+        pytest.skip(f"rank {world.rank} has nothing to do")
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_skip_on_some_ranks(world):
+    record_pid(world, "probe_after_skip_on_some_ranks")
+    dist.barrier()

@@ -1,0 +1,94 @@
+"""The world plugin's features, as a test author uses them."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+
+@pytest.mark.world(1, 2, 4)
+def test_context_fields(world):
+    assert world.size == dist.get_world_size()
+    assert world.rank == dist.get_rank()
+    assert world.local_rank == world.rank
+    assert world.backend == "gloo"
+    assert world.device == torch.device("cpu")
+    assert world.launcher in ("spawn", "torchrun")
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("value", [3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_parametrized(world, value, dtype):
+    t = torch.full((2,), value, dtype=dtype)
+    dist.all_reduce(t)
+    assert t.dtype == dtype
+    assert t.tolist() == [value * world.size] * 2
+
+
+@pytest.mark.world(2)
+def test_assertion_shows_values(world):
+    print(f"printed by rank {world.rank}")
+    assert {"rank": world.rank, "ok": True} == {"rank": 0, "ok": True}
+
+
+@pytest.mark.world(2, 4)
+def test_shared_tmp_path(world):
+    if world.rank == 0:
+        (world.tmp_path / "from_rank0.txt").write_text("hello")
+    world.barrier()
+    assert (world.tmp_path / "from_rank0.txt").read_text() == "hello"
+
+
+@pytest.mark.world(4)
+def test_mesh_2d(world):
+    mesh = world.mesh((2, 2), ("dp", "tp"))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mesh.get_group("tp"))
+    assert t.item() == 2
+    assert mesh.mesh_dim_names == ("dp", "tp")
+
+
+@pytest.mark.world(2, 4)
+def test_creates_subgroups(world):
+    dist.new_group(list(range(world.size)))
+    world.mesh(world.size, ("dp",))
+    assert len(c10d._world.pg_map) > 1
+
+
+@pytest.mark.world(2, 4)
+def test_subgroups_of_earlier_tests_are_gone(world):
+    assert list(c10d._world.pg_map) == [c10d.GroupMember.WORLD]
+
+
+@pytest.mark.world(2)
+@pytest.mark.xfail(reason="a known divergence", strict=True)
+def test_xfail_on_one_rank(world):
+    assert world.rank == 0
+
+
+@pytest.mark.world(2)
+@pytest.mark.xfail(reason="expected to fail but passes", strict=True)
+def test_strict_xfail_that_passes(world):
+    pass
+
+
+@pytest.mark.world(2)
+def test_imperative_xfail(world):
+    pytest.xfail("every rank says so")
+
+
+@pytest.mark.world(2)
+def test_asks_for_a_controller_fixture(world, tmp_path):
+    pass
+
+
+def test_plain():
+    assert torch.ones(1).item() == 1
+
+
+@pytest.mark.timeout(1)
+def test_plain_guarded_by_pytest_timeout():
+    time.sleep(30)

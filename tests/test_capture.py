@@ -1,0 +1,38 @@
+"""Per-test capture at the descriptor level: Python and C output alike, read back after a crash."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness._capture import _MAX_SHOWN, capture_path, captured_fds, read_capture
+
+
+def test_python_and_descriptor_writes_are_captured_and_fds_restored(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with capfd.disabled():  # a rank process has no pytest capture of its own
+        before = os.fstat(1).st_ino, os.fstat(2).st_ino
+        with captured_fds(tmp_path, rank=3):
+            print("python stdout")
+            sys.stderr.write("python stderr\n")
+            os.write(1, b"raw fd 1\n")
+            os.write(2, b"raw fd 2\n")
+        assert (os.fstat(1).st_ino, os.fstat(2).st_ino) == before
+    assert read_capture(tmp_path, 3, "stdout") == "python stdout\nraw fd 1\n"
+    assert read_capture(tmp_path, 3, "stderr") == "python stderr\nraw fd 2\n"
+
+
+def test_missing_capture_reads_empty(tmp_path: Path) -> None:
+    assert read_capture(tmp_path, 0, "stdout") == ""
+
+
+def test_long_capture_keeps_the_tail_and_says_how_much_was_cut(tmp_path: Path) -> None:
+    path = capture_path(tmp_path, 0, "stdout")
+    path.write_bytes(b"a" * 100 + b"b" * _MAX_SHOWN)
+    text = read_capture(tmp_path, 0, "stdout")
+    assert text.startswith("[... 100 bytes cut ...]\n")
+    assert text.endswith("b" * _MAX_SHOWN)

@@ -1,0 +1,107 @@
+"""Fault injection: hangs, crashes and disagreements never pass and never stop the session.
+
+One inner session runs ``inner/inner_faults.py`` at world sizes 1, 2 and 4;
+each fault is followed by a probe that must pass in a fresh world.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests._inner import InnerRun, run_inner
+
+SIZES = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
+    return run_inner("inner_faults.py", tmp_path_factory.mktemp("faults"), "--world-sizes", "1,2,4")
+
+
+def pids(run: InnerRun, name: str, size: int) -> dict[int, str]:
+    folder = run.workdir / "pids"
+    found = {}
+    for rank in range(size):
+        path = folder / f"{name}-w{size}-r{rank}"
+        if path.exists():
+            found[rank] = path.read_text()
+    return found
+
+
+# scenario -> (sizes, {size: (outcome, texts the report must contain)})
+def last(size: int) -> int:
+    return size - 1
+
+
+FAULTS = {
+    "hang_one_rank": lambda n: (
+        "failed",
+        [f"rank {last(n)} hung", "did not finish within the 3 s deadline", "in test_hang_one_rank"],
+    ),
+    "hang_all_ranks": lambda n: (
+        "failed",
+        [f"{'rank' if n == 1 else 'ranks'} {', '.join(map(str, range(n)))} hung", "in test_hang_all_ranks"],
+    ),
+    "exception_one_rank": lambda n: (
+        "failed",
+        [f"rank {last(n)}: failed", f"ValueError: injected failure on rank {last(n)}"],
+    ),
+    "exit_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "exited with code 13"]),
+    "segfault_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGSEGV"]),
+    "sigkill_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGKILL"]),
+    "collective_on_some_ranks": lambda n: ("failed", ["rank 0 hung", "in test_collective_on_some_ranks"]),
+}
+
+
+def fault_cases() -> list[tuple[str, int]]:
+    cases = [(name, size) for name in FAULTS for size in SIZES]
+    return [c for c in cases if not (c[0] == "collective_on_some_ranks" and c[1] == 1)]
+
+
+@pytest.mark.parametrize(("scenario", "size"), fault_cases())
+def test_fault_is_reported_with_rank_and_cause(faults: InnerRun, scenario: str, size: int) -> None:
+    outcome, texts = FAULTS[scenario](size)
+    name = f"test_{scenario}[w{size}]"
+    assert faults.outcome(name) == outcome
+    for text in texts:
+        assert text in faults.message(name), f"{text!r} not in report of {name}"
+
+
+@pytest.mark.parametrize(("scenario", "size"), fault_cases())
+def test_next_test_passes_in_a_fresh_world(faults: InnerRun, scenario: str, size: int) -> None:
+    probe = f"probe_after_{scenario}"
+    assert faults.outcome(f"test_{probe}[w{size}]") == "passed"
+    before, after = pids(faults, scenario, size), pids(faults, probe, size)
+    assert len(after) == size
+    assert not set(before.values()) & set(after.values()), "the broken world was reused"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_world_is_reused_between_passing_tests(faults: InnerRun, size: int) -> None:
+    start, reused = pids(faults, "probe_start", size), pids(faults, "probe_reused", size)
+    assert len(start) == size
+    assert start == reused
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_skip_on_some_ranks_fails_and_names_them(faults: InnerRun, size: int) -> None:
+    name = f"test_skip_on_some_ranks[w{size}]"
+    assert faults.outcome(name) == "failed"
+    assert f"rank {last(size)} skipped" in faults.message(name)
+    assert f"rank {last(size)} has nothing to do" in faults.message(name)
+
+
+def test_skip_agreed_by_the_only_rank_is_a_skip(faults: InnerRun) -> None:
+    assert faults.outcome("test_skip_on_some_ranks[w1]") == "skipped"
+    assert "rank 0 has nothing to do" in faults.message("test_skip_on_some_ranks[w1]")
+
+
+def test_every_collected_test_is_in_the_junit_xml(faults: InnerRun) -> None:
+    source = Path(__file__).parent / "inner" / "inner_faults.py"
+    bodies = source.read_text().count("\ndef test_")
+    sizes_2_4_only = source.read_text().count("@pytest.mark.world(2, 4")
+    expected = (bodies - sizes_2_4_only) * len(SIZES) + sizes_2_4_only * 2
+    assert len(faults.cases) == expected
+    assert faults.returncode == 1

@@ -1,0 +1,88 @@
+"""Verdicts: a test passes only if every rank passed; skips and xfails need agreement."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import WorldOutcome, WorldSpec
+from harness._messages import RankResult
+from harness._outcome import describe_exit
+
+SPEC = WorldSpec("gloo", 3)
+
+
+def outcome(*statuses: str, pg_counts: tuple[int, ...] = (0, 0, 0)) -> WorldOutcome:
+    results = {
+        r: RankResult(rank=r, status=s, longrepr=f"text of rank {r}" if s != "passed" else "", pg_count=c)
+        for r, (s, c) in enumerate(zip(statuses, pg_counts, strict=False))
+    }
+    return WorldOutcome(spec=SPEC, results=results)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "verdict"),
+    [
+        (("passed", "passed", "passed"), "passed"),
+        (("passed", "failed", "passed"), "failed"),
+        (("skipped", "skipped", "skipped"), "skipped"),
+        (("skipped", "passed", "passed"), "failed"),
+        (("xfailed", "xfailed", "xfailed"), "xfailed"),
+        (("xfailed", "skipped", "xfailed"), "failed"),
+        (("passed", "passed", "crashed"), "failed"),
+        (("hung", "passed", "passed"), "failed"),
+        (("passed", "passed"), "failed"),  # a rank reported nothing at all
+    ],
+)
+def test_verdict(statuses: tuple[str, ...], verdict: str) -> None:
+    assert outcome(*statuses).verdict == verdict
+
+
+def test_failure_report_names_every_rank_and_shows_non_passing_ones() -> None:
+    report = outcome("passed", "crashed", "failed").failure_report()
+    assert report.splitlines()[0] == "gloo/cpu x3: rank 1 crashed, rank 2 failed, rank 0 passed"
+    assert "rank 1: crashed" in report and "text of rank 1" in report
+    assert "rank 2: failed" in report and "text of rank 2" in report
+    assert "rank 0:" not in report
+
+
+def test_notes_appear_in_the_failure_report() -> None:
+    result = outcome("failed", "passed", "passed")
+    result.notes.append("the world was respawned: between tests rank 1 exited with code 3")
+    assert "between tests rank 1 exited with code 3" in result.failure_report()
+
+
+def test_agreed_skip_reason_is_given_once() -> None:
+    result = WorldOutcome(
+        spec=SPEC, results={r: RankResult(r, "skipped", "no GPU") for r in range(3)}
+    )
+    assert result.reason == "no GPU"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "pg_counts", "reusable"),
+    [
+        (("passed",) * 3, (2, 2, 2), True),
+        (("skipped",) * 3, (0, 0, 0), True),
+        (("passed",) * 3, (2, 3, 2), False),  # ranks made different process groups
+        (("passed", "failed", "passed"), (0, 0, 0), False),
+        (("passed", "hung", "passed"), (0, 0, 0), False),
+    ],
+)
+def test_world_reuse_needs_clean_agreeing_ranks(
+    statuses: tuple[str, ...], pg_counts: tuple[int, ...], reusable: bool
+) -> None:
+    assert outcome(*statuses, pg_counts=pg_counts).world_is_reusable is reusable
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [
+        (0, "exited with code 0"),
+        (13, "exited with code 13"),
+        (-11, "killed by SIGSEGV (exit status -11)"),
+        (-9, "killed by SIGKILL (exit status -9)"),
+        (-200, "killed by signal 200 (exit status -200)"),
+    ],
+)
+def test_describe_exit(status: int, text: str) -> None:
+    assert describe_exit(status) == text

@@ -1,0 +1,185 @@
+"""The world plugin as a test author sees it: ids, options, reports, fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._inner import InnerRun, run_inner
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
+    return run_inner("inner_plugin.py", tmp_path_factory.mktemp("plugin"), "--world-sizes", "1,2,4")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_context_fields[w1]",
+        "test_context_fields[w2]",
+        "test_context_fields[w4]",
+        "test_parametrized[w2-dtype0-3]",
+        "test_parametrized[w2-dtype1-5]",
+        "test_shared_tmp_path[w2]",
+        "test_shared_tmp_path[w4]",
+        "test_mesh_2d[w4]",
+        "test_subgroups_of_earlier_tests_are_gone[w2]",
+        "test_subgroups_of_earlier_tests_are_gone[w4]",
+        "test_plain",
+    ],
+)
+def test_feature_passes(features: InnerRun, name: str) -> None:
+    assert features.outcome(name) == "passed", features.message(name)
+
+
+def test_subgroup_cleanup_keeps_the_world(features: InnerRun) -> None:
+    # The world is recycled only after failures; a passing test that made
+    # subgroups leaves a reusable world whose subgroups were destroyed.
+    assert features.outcome("test_creates_subgroups[w4]") == "passed"
+
+
+def test_failing_assert_shows_values_per_rank(features: InnerRun) -> None:
+    name = "test_assertion_shows_values[w2]"
+    assert features.outcome(name) == "failed"
+    message = features.message(name)
+    assert "rank 1 failed, rank 0 passed" in message
+    assert "assert {'rank': 1, 'ok': True} == {'rank': 0, 'ok': True}" in message
+    assert "{'rank': 1} != {'rank': 0}" in message  # pytest's own comparison explanation
+    assert "inner_plugin.py:34: AssertionError" in message
+
+
+def test_captured_output_is_labelled_by_rank(features: InnerRun) -> None:
+    assert "Captured stdout (rank 0) call" in features.output
+    assert "printed by rank 0" in features.output
+    assert "Captured stdout (rank 1) call" in features.output
+    assert "printed by rank 1" in features.output
+
+
+def test_xfail_marker_applies_to_world_failures(features: InnerRun) -> None:
+    assert features.outcome("test_xfail_on_one_rank[w2]") == "skipped"  # junit's xfail
+    assert "XFAIL inner_plugin.py::test_xfail_on_one_rank[w2] - a known divergence" in (
+        features.output
+    )
+    assert features.outcome("test_strict_xfail_that_passes[w2]") == "failed"
+
+
+def test_imperative_xfail_on_every_rank_is_an_xfail(features: InnerRun) -> None:
+    assert "XFAIL inner_plugin.py::test_imperative_xfail[w2] - every rank says so" in (
+        features.output
+    )
+
+
+def test_controller_fixtures_are_refused_by_name(features: InnerRun) -> None:
+    name = "test_asks_for_a_controller_fixture[w2]"
+    assert features.outcome(name) == "failed"
+    assert "also asks for fixture(s): tmp_path" in features.message(name)
+
+
+def test_plain_tests_keep_pytest_timeout(features: InnerRun) -> None:
+    name = "test_plain_guarded_by_pytest_timeout"
+    assert features.outcome(name) == "failed"
+    assert "Timeout" in features.message(name)
+
+
+# ----- collection and options: no world is spawned -----------------------------
+
+WORLD_TESTS = """
+import pytest
+
+@pytest.mark.world(1, 2, 4)
+def test_sizes(world):
+    pass
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("x", ["a", "b"])
+def test_param(world, x):
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def collected_ids(result: pytest.RunResult) -> list[str]:
+    return [line.split("::", 1)[1] for line in result.outlines if "::" in line]
+
+
+def test_one_item_per_size_with_the_size_in_its_id(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(WORLD_TESTS)
+    result = pytester.runpytest("--collect-only", "-q")
+    assert collected_ids(result) == [
+        "test_plain",
+        "test_sizes[w1]",
+        "test_sizes[w2]",
+        "test_param[w2-a]",
+        "test_param[w2-b]",
+        "test_sizes[w4]",
+    ]
+
+
+def test_world_sizes_option_deselects_other_sizes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(WORLD_TESTS)
+    result = pytester.runpytest("--collect-only", "-q", "--world-sizes", "4")
+    assert collected_ids(result) == ["test_plain", "test_sizes[w4]"]
+    result.stdout.fnmatch_lines(["*4 deselected*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--world-sizes", "two"], "--world-sizes takes comma-separated integers"),
+        (["--world-sizes", "0"], "--world-sizes needs positive sizes"),
+        (["--world-timeout", "0"], "--world-timeout must be positive"),
+        (["--max-worlds", "0"], "--max-worlds must be at least 1"),
+    ],
+)
+def test_bad_options_are_usage_errors(
+    pytester: pytest.Pytester, args: list[str], error: str
+) -> None:
+    pytester.makepyfile(WORLD_TESTS)
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert error in result.stderr.str()
+
+
+def test_marked_test_without_world_argument_is_refused(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.world(2)
+        def test_no_arg():
+            pass
+        """
+    )
+    result = pytester.runpytest("--collect-only")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*test_no_arg: a test marked world must take the `world` argument"])
+
+
+def test_world_fixture_without_marker_fails_clearly(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_unmarked(world):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*needs @pytest.mark.world(sizes...)*"])
+
+
+NCCL_TEST = """
+import pytest
+@pytest.mark.world(2)
+def test_on_gpus(world):
+    pass
+"""
+
+
+def test_nccl_world_without_devices_is_skipped_with_the_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(NCCL_TEST)
+    result = pytester.runpytest("--backend", "nccl", "-rs")
+    result.assert_outcomes(skipped=1)
+    assert "NCCL" in result.stdout.str() or "CUDA devices" in result.stdout.str()
+
+
+def test_require_devices_turns_the_skip_into_a_failure(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(NCCL_TEST)
+    result = pytester.runpytest("--backend", "nccl", "--require-devices")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*(--require-devices)*"])

@@ -1,0 +1,111 @@
+"""WorldPool: reuse by spec, least-recently-used eviction, respawn of dead worlds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import TestRequest, WorldPool, WorldSettings, WorldSpec
+
+BODIES = Path(__file__).parent / "inner" / "inner_pool_bodies.py"
+
+
+def settings() -> WorldSettings:
+    return WorldSettings(sys_path=list(sys.path), rootdir=str(BODIES.parent), inifile=None)
+
+
+@pytest.fixture
+def pool_factory() -> Iterator[list[WorldPool]]:
+    pools: list[WorldPool] = []
+    yield pools
+    for pool in pools:
+        pool.close()
+
+
+def new_pool(pools: list[WorldPool], max_alive: int) -> WorldPool:
+    pool = WorldPool(settings(), max_alive=max_alive)
+    pools.append(pool)
+    return pool
+
+
+def run(pool: WorldPool, spec: WorldSpec, tmp_path: Path) -> dict[int, int]:
+    """Run the pid-reporting body; return each rank's pid."""
+    return run_with_notes(pool, spec, tmp_path)[0]
+
+
+def run_with_notes(
+    pool: WorldPool, spec: WorldSpec, tmp_path: Path
+) -> tuple[dict[int, int], list[str]]:
+    """Run the pid-reporting body; return each rank's pid and the outcome's notes."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    request = TestRequest(
+        nodeid="pool::test_report_pid",
+        module_name="inner_pool_bodies",
+        module_path=str(BODIES),
+        qualname="test_report_pid",
+        params={},
+        tmp_path=str(tmp_path),
+        timeout_s=60,
+    )
+    outcome = pool.run(spec, request)
+    assert outcome.verdict == "passed", outcome.failure_report()
+    pids = {r: int((tmp_path / f"pid{r}").read_text()) for r in range(spec.size)}
+    return pids, outcome.notes
+
+
+def wait_until_dead(pid: int) -> None:
+    """Wait until ``pid`` is a zombie (dead, not yet reaped by its parent, the pool)."""
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.01)
+
+
+ONE = WorldSpec("gloo", 1)
+TWO = WorldSpec("gloo", 2)
+
+
+def test_max_alive_one_closes_the_previous_world(pool_factory: list[WorldPool], tmp_path: Path) -> None:
+    pool = new_pool(pool_factory, max_alive=1)
+    first = run(pool, ONE, tmp_path / "a")
+    run(pool, TWO, tmp_path / "b")
+    assert pool.alive() == [TWO]
+    again = run(pool, ONE, tmp_path / "c")
+    assert again != first
+    assert pool.spawned == 3
+
+
+def test_least_recently_used_world_is_evicted(pool_factory: list[WorldPool], tmp_path: Path) -> None:
+    pool = new_pool(pool_factory, max_alive=2)
+    one = run(pool, ONE, tmp_path / "a")
+    run(pool, TWO, tmp_path / "b")
+    assert run(pool, ONE, tmp_path / "c") == one  # reused, and now most recent
+    assert pool.alive() == [TWO, ONE]
+    run(pool, WorldSpec("gloo", 3), tmp_path / "d")
+    assert pool.alive() == [ONE, WorldSpec("gloo", 3)]
+    assert pool.spawned == 3
+
+
+def test_rank_dying_between_tests_is_noticed_and_the_world_respawned(
+    pool_factory: list[WorldPool], tmp_path: Path
+) -> None:
+    pool = new_pool(pool_factory, max_alive=1)
+    before = run(pool, TWO, tmp_path / "a")
+    os.kill(before[1], signal.SIGKILL)
+    wait_until_dead(before[1])
+    after, notes = run_with_notes(pool, TWO, tmp_path / "b")
+    assert set(after.values()).isdisjoint(before.values())
+    assert notes == [
+        "the world was respawned: between tests rank 1 killed by SIGKILL (exit status -9)"
+    ]
+
+
+def test_max_alive_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_alive must be at least 1"):
+        WorldPool(settings(), max_alive=0)

@@ -1,0 +1,61 @@
+"""World specs validate on construction and say why a machine cannot host them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import WorldContext, WorldSpec
+
+
+def test_defaults_device_type_from_backend() -> None:
+    assert WorldSpec("gloo", 2).device_type == "cpu"
+    assert WorldSpec("nccl", 2).device_type == "cuda"
+    assert WorldSpec("gloo", 4, "cuda").label == "gloo/cuda x4"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("mpi", 2), "unknown backend 'mpi'"),
+        (("gloo", 0), "world size must be a positive integer"),
+        (("gloo", 2, "tpu"), "cannot run on device type 'tpu'"),
+        (("nccl", 2, "cpu"), "cannot run on device type 'cpu'"),
+    ],
+)
+def test_invalid_specs_are_refused(args: tuple[object, ...], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        WorldSpec(*args)  # type: ignore[arg-type]
+
+
+def test_gloo_cpu_world_is_available_here() -> None:
+    assert WorldSpec("gloo", 4).unavailable_reason() is None
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has GPUs")
+def test_cuda_world_without_enough_gpus_says_how_many_it_needs() -> None:
+    reason = WorldSpec("gloo", 2, "cuda").unavailable_reason()
+    assert reason is not None
+    assert "needs 2 CUDA devices (one per rank)" in reason
+
+
+@pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="this torch has NCCL")
+def test_nccl_world_without_nccl_says_so() -> None:
+    assert WorldSpec("nccl", 1).unavailable_reason() == "this torch build has no NCCL backend"
+
+
+def context(size: int) -> WorldContext:
+    from pathlib import Path
+
+    return WorldContext(WorldSpec("gloo", size), rank=0, local_rank=0, tmp_path=Path("."), launcher="spawn")
+
+
+def test_mesh_shape_must_cover_the_world() -> None:
+    with pytest.raises(ValueError, match=r"mesh shape \(2, 3\) has 6 ranks; this world has 4"):
+        context(4).mesh((2, 3))
+    with pytest.raises(ValueError, match="has 2 dims but 1 names"):
+        context(4).mesh((2, 2), ("dp",))
+
+
+def test_context_repr_is_short() -> None:
+    assert repr(context(2)) == "<world rank 0 of gloo/cpu x2>"
