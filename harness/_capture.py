@@ -27,28 +27,37 @@ def stack_dump_path(world_dir: str | Path, rank: int) -> Path:
     return Path(world_dir) / f"rank{rank}.stacks"
 
 
-@contextmanager
-def captured_fds(capture_dir: str | Path, rank: int) -> Iterator[None]:
-    """Send fds 1 and 2 to this test's capture files; restore them afterwards."""
-    Path(capture_dir).mkdir(parents=True, exist_ok=True)
-    saved: list[int] = []
-    for fd, stream in zip((1, 2), STREAMS, strict=True):
-        getattr(sys, stream).flush()
-        saved.append(os.dup(fd))
-        target = os.open(capture_path(capture_dir, rank, stream), os.O_WRONLY | os.O_CREAT, 0o600)
-        os.dup2(target, fd)
-        os.close(target)
-    try:
-        yield
-    finally:
-        for fd, stream, old in zip((1, 2), STREAMS, saved, strict=True):
+class FdCapture:
+    """A rank's capture files, opened once and emptied before each test."""
+
+    def __init__(self, capture_dir: str | Path, rank: int) -> None:
+        Path(capture_dir).mkdir(parents=True, exist_ok=True)
+        self._fds = [
+            os.open(capture_path(capture_dir, rank, stream), os.O_RDWR | os.O_CREAT, 0o600)
+            for stream in STREAMS
+        ]
+
+    @contextmanager
+    def during_test(self) -> Iterator[None]:
+        """Send fds 1 and 2 to the emptied capture files; restore them afterwards."""
+        saved: list[int] = []
+        for fd, stream, target in zip((1, 2), STREAMS, self._fds, strict=True):
             getattr(sys, stream).flush()
-            os.dup2(old, fd)
-            os.close(old)
+            os.ftruncate(target, 0)
+            os.lseek(target, 0, os.SEEK_SET)
+            saved.append(os.dup(fd))
+            os.dup2(target, fd)
+        try:
+            yield
+        finally:
+            for fd, stream, old in zip((1, 2), STREAMS, saved, strict=True):
+                getattr(sys, stream).flush()
+                os.dup2(old, fd)
+                os.close(old)
 
 
 def read_capture(capture_dir: str | Path, rank: int, stream: str) -> str:
-    """What ``rank`` wrote to ``stream`` during one test; the tail if it is long."""
+    """What ``rank`` wrote to ``stream`` during its last test; the tail if it is long."""
     path = capture_path(capture_dir, rank, stream)
     try:
         data = path.read_bytes()

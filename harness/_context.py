@@ -24,8 +24,14 @@ class WorldContext:
     spec: WorldSpec
     rank: int
     local_rank: int
-    tmp_path: Path
+    shared_dir: Path  # created on first use of ``tmp_path``
     launcher: str  # "spawn" or "torchrun"
+
+    @property
+    def tmp_path(self) -> Path:
+        """A directory for this test, the same on every rank; created on first use."""
+        self.shared_dir.mkdir(parents=True, exist_ok=True)
+        return self.shared_dir
 
     def __repr__(self) -> str:
         return f"<world rank {self.rank} of {self.spec.label}>"
@@ -50,7 +56,9 @@ class WorldContext:
             return torch.device("cuda", self.local_rank)
         return torch.device(self.device_type)
 
-    def mesh(self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None) -> DeviceMesh:
+    def mesh(
+        self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None
+    ) -> DeviceMesh:
         """A ``DeviceMesh`` over all ranks with this ``shape`` and optional dim ``names``.
 
         The shape's product must equal the world size.

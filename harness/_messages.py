@@ -65,8 +65,7 @@ class TestCall:
     module_path: str
     qualname: str
     params: bytes  # pickled dict of parametrize arguments
-    tmp_path: str
-    capture_dir: str
+    tmp_path: str  # created on first use by whichever rank needs it
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness import _messages as msg
-from harness._capture import captured_fds, stack_dump_path
+from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 
@@ -78,6 +78,7 @@ class RankLoop:
         self.conn = conn
         self.init = init
         self.config = _rank_pytest.make_config(init.rootdir, init.inifile, init.verbosity)
+        self.capture = FdCapture(os.environ[WORLD_DIR], init.rank)
         _rank_pytest.install_assertion_explanations(self.config)
 
     def run_forever(self) -> None:
@@ -96,12 +97,12 @@ class RankLoop:
             spec=self.init.spec,
             rank=self.init.rank,
             local_rank=self.init.rank,
-            tmp_path=Path(call.tmp_path),
+            shared_dir=Path(call.tmp_path),
             launcher="spawn",
         )
         default_dtype = torch.get_default_dtype()
         start = time.perf_counter()
-        with captured_fds(call.capture_dir, self.init.rank):
+        with self.capture.during_test():
             try:
                 module = _rank_pytest.import_test_module(
                     call.module_name, call.module_path, self.config
@@ -113,9 +114,10 @@ class RankLoop:
                 status, text = msg.SKIPPED, str(exc.msg)
             except pytest.xfail.Exception as exc:
                 status, text = msg.XFAILED, str(exc.msg)
-            except BaseException as exc:  # noqa: BLE001 - every failure is reported
-                status, text = msg.FAILED, _rank_pytest.format_failure(
-                    exc, call.module_path, self.config
+            except BaseException as exc:
+                status, text = (
+                    msg.FAILED,
+                    _rank_pytest.format_failure(exc, call.module_path, self.config),
                 )
             finally:
                 torch.set_default_dtype(default_dtype)
@@ -149,7 +151,7 @@ def main() -> None:
     try:
         _join_world(init)
         loop = RankLoop(conn, init)
-    except BaseException:  # noqa: BLE001 - the controller shows why
+    except BaseException:
         conn.send(msg.InitFailed(rank=rank, traceback=traceback.format_exc()))
         raise
     conn.send(msg.Ready(rank=rank, pid=os.getpid()))

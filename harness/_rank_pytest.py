@@ -24,6 +24,7 @@ from _pytest.assertion import util as assertion_util
 from _pytest.assertion.rewrite import rewrite_asserts
 from _pytest.config import _prepareconfig
 
+
 def make_config(rootdir: str, inifile: str | None, verbosity: int) -> pytest.Config:
     """A configured pytest ``Config`` matching the controller's project settings."""
     # The rank handles faulthandler itself: its dumps must follow fd 2 into each

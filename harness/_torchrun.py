@@ -81,7 +81,7 @@ class TorchrunWorld:
             spec=self.spec,
             rank=self.rank,
             local_rank=self.local_rank,
-            tmp_path=tmp,
+            shared_dir=tmp,
             launcher="torchrun",
         )
 
@@ -96,13 +96,14 @@ class TorchrunWorld:
     def finish(self) -> None:
         """Rank 0 announces that its reports are written; the others wait for that."""
         if self.is_reporter:
-            self._store.set("finished", b"1")
+            self._store.set("finished", "1")
         else:
             self._store.wait(["finished"], timedelta(seconds=_FINISH_WAIT_S))
 
     def publish(self, result: msg.RankResult) -> None:
         """Put this rank's result for the current test in the store."""
-        self._store.set(f"{self._sequence}/{self.rank}", pickle.dumps(result))
+        payload = pickle.dumps(result)
+        self._store.set(f"{self._sequence}/{self.rank}", payload)  # type: ignore[arg-type]  # bytes are fine
 
     def agree(self, result: msg.RankResult, timeout_s: float) -> WorldOutcome:
         """Publish ``result``, wait for every rank's, and return the joint outcome.
@@ -138,9 +139,7 @@ class HangWatchdog:
 
     def __init__(self, timeout_s: float, on_hang: Callable[[str], Any]) -> None:
         self._done = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, args=(timeout_s, on_hang), daemon=True
-        )
+        self._thread = threading.Thread(target=self._watch, args=(timeout_s, on_hang), daemon=True)
 
     def __enter__(self) -> HangWatchdog:
         self._thread.start()

@@ -9,6 +9,7 @@ deadline, after every live rank has dumped its Python stacks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -88,10 +89,8 @@ class _RankProcess:
 
     def kill(self) -> None:
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.popen.wait()
         if self.conn is not None:
             self.conn.close()
@@ -192,7 +191,7 @@ class World:
             for _ in range(self.spec.size):
                 try:
                     accepted.put(listener.accept())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                except BaseException as exc:
                     accepted.put(exc)
                     return
 
@@ -262,16 +261,12 @@ class World:
         """Ask every rank to leave cleanly; kill those that do not within a few seconds."""
         for proc in self._ranks:
             if proc.conn is not None and proc.exit_status() is None:
-                try:
+                with contextlib.suppress(OSError):
                     proc.conn.send(msg.Shutdown())
-                except OSError:
-                    pass
         deadline = time.monotonic() + 5.0
         for proc in self._ranks:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def kill(self) -> None:
@@ -288,7 +283,6 @@ class World:
         """Run one test body on every rank and collect how each ended."""
         index = self._tests_run
         self._tests_run += 1
-        capture_dir = self.dir / f"test{index}"
         call = msg.TestCall(
             index=index,
             nodeid=request.nodeid,
@@ -297,20 +291,16 @@ class World:
             qualname=request.qualname,
             params=pickle.dumps(request.params),
             tmp_path=request.tmp_path,
-            capture_dir=str(capture_dir),
         )
         results: dict[int, msg.RankResult] = {}
         for proc in self._ranks:
             assert proc.conn is not None
-            try:
+            with contextlib.suppress(OSError):  # a dead rank is reported by the exit watch
                 proc.conn.send(call)
-            except OSError:
-                pass  # its death is reported by the exit watch below
         self._collect(results, time.monotonic() + request.timeout_s, request.timeout_s)
         outcome = WorldOutcome(spec=self.spec, results=results)
         for rank in range(self.spec.size):
-            outcome.captures[rank] = {s: read_capture(capture_dir, rank, s) for s in STREAMS}
-        shutil.rmtree(capture_dir, ignore_errors=True)
+            outcome.captures[rank] = {s: read_capture(self.dir, rank, s) for s in STREAMS}
         return outcome
 
     def _collect(

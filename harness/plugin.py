@@ -136,7 +136,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     wanted: set[int] | None = set(state.options.sizes) if state.options.sizes else None
     if state.torchrun is not None:
         wanted = {state.torchrun.spec.size}
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         size = _item_size(item)
         (drop if size is not None and wanted is not None and size not in wanted else keep).append(
@@ -145,7 +146,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
     # Plain tests first, then world tests grouped by size: one spawn per world.
-    keep.sort(key=lambda item: (_item_size(item) or 0))
+    keep.sort(key=lambda item: _item_size(item) or 0)
     items[:] = keep
 
 
@@ -162,7 +163,8 @@ def world(request: pytest.FixtureRequest) -> Any:
     if state.torchrun is not None:
         return state.torchrun.context(_safe_name(request.node.nodeid))
     spec = WorldSpec(state.options.backend, size)
-    return WorldTicket(spec=spec, tmp_path=request.getfixturevalue("tmp_path"))
+    basetemp = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    return WorldTicket(spec=spec, tmp_path=basetemp / "worlds" / _safe_name(request.node.nodeid))
 
 
 def _safe_name(nodeid: str) -> str:
@@ -193,7 +195,9 @@ def _body_params(item: pytest.Function) -> dict[str, Any]:
 
 
 def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> TestRequest:
-    qualname = item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
+    qualname = (
+        item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
+    )
     return TestRequest(
         nodeid=item.nodeid,
         module_name=item.module.__name__,

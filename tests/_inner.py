@@ -50,14 +50,25 @@ def _read_junit(path: Path) -> dict[str, Case]:
 
 
 def run_inner(
-    test_file: str, workdir: Path, *args: str, launcher: list[str] | None = None, timeout: float = 900
+    test_file: str,
+    workdir: Path,
+    *args: str,
+    launcher: list[str] | None = None,
+    timeout: float = 900,
 ) -> InnerRun:
     """Run ``tests/inner/<test_file>`` with pytest (or under ``launcher``) in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     target = workdir / test_file
     target.write_text((INNER_DIR / test_file).read_text())
     junit = workdir / "junit.xml"
-    command = [*(launcher or [sys.executable]), "-m", "pytest", str(target), "-p", "no:cacheprovider"]
+    command = [
+        *(launcher or [sys.executable]),
+        "-m",
+        "pytest",
+        str(target),
+        "-p",
+        "no:cacheprovider",
+    ]
     env = dict(os.environ, INNER_WORKDIR=str(workdir))
     env.pop("PYTEST_ADDOPTS", None)
     completed = subprocess.run(

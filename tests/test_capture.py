@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness._capture import _MAX_SHOWN, capture_path, captured_fds, read_capture
+from harness._capture import _MAX_SHOWN, FdCapture, capture_path, read_capture
 
 
 def test_python_and_descriptor_writes_are_captured_and_fds_restored(
@@ -16,7 +16,7 @@ def test_python_and_descriptor_writes_are_captured_and_fds_restored(
 ) -> None:
     with capfd.disabled():  # a rank process has no pytest capture of its own
         before = os.fstat(1).st_ino, os.fstat(2).st_ino
-        with captured_fds(tmp_path, rank=3):
+        with FdCapture(tmp_path, rank=3).during_test():
             print("python stdout")
             sys.stderr.write("python stderr\n")
             os.write(1, b"raw fd 1\n")
@@ -24,6 +24,18 @@ def test_python_and_descriptor_writes_are_captured_and_fds_restored(
         assert (os.fstat(1).st_ino, os.fstat(2).st_ino) == before
     assert read_capture(tmp_path, 3, "stdout") == "python stdout\nraw fd 1\n"
     assert read_capture(tmp_path, 3, "stderr") == "python stderr\nraw fd 2\n"
+
+
+def test_each_test_starts_with_empty_capture_files(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    capture = FdCapture(tmp_path, rank=0)
+    with capfd.disabled():
+        with capture.during_test():
+            print("a long line from the first test")
+        with capture.during_test():
+            print("second")
+    assert read_capture(tmp_path, 0, "stdout") == "second\n"
 
 
 def test_missing_capture_reads_empty(tmp_path: Path) -> None:

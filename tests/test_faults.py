@@ -42,7 +42,10 @@ FAULTS = {
     ),
     "hang_all_ranks": lambda n: (
         "failed",
-        [f"{'rank' if n == 1 else 'ranks'} {', '.join(map(str, range(n)))} hung", "in test_hang_all_ranks"],
+        [
+            f"{'rank' if n == 1 else 'ranks'} {', '.join(map(str, range(n)))} hung",
+            "in test_hang_all_ranks",
+        ],
     ),
     "exception_one_rank": lambda n: (
         "failed",
@@ -51,7 +54,10 @@ FAULTS = {
     "exit_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "exited with code 13"]),
     "segfault_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGSEGV"]),
     "sigkill_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGKILL"]),
-    "collective_on_some_ranks": lambda n: ("failed", ["rank 0 hung", "in test_collective_on_some_ranks"]),
+    "collective_on_some_ranks": lambda n: (
+        "failed",
+        ["rank 0 hung", "in test_collective_on_some_ranks"],
+    ),
 }
 
 

@@ -13,7 +13,9 @@ SPEC = WorldSpec("gloo", 3)
 
 def outcome(*statuses: str, pg_counts: tuple[int, ...] = (0, 0, 0)) -> WorldOutcome:
     results = {
-        r: RankResult(rank=r, status=s, longrepr=f"text of rank {r}" if s != "passed" else "", pg_count=c)
+        r: RankResult(
+            rank=r, status=s, longrepr=f"text of rank {r}" if s != "passed" else "", pg_count=c
+        )
         for r, (s, c) in enumerate(zip(statuses, pg_counts, strict=False))
     }
     return WorldOutcome(spec=SPEC, results=results)
@@ -40,8 +42,10 @@ def test_verdict(statuses: tuple[str, ...], verdict: str) -> None:
 def test_failure_report_names_every_rank_and_shows_non_passing_ones() -> None:
     report = outcome("passed", "crashed", "failed").failure_report()
     assert report.splitlines()[0] == "gloo/cpu x3: rank 1 crashed, rank 2 failed, rank 0 passed"
-    assert "rank 1: crashed" in report and "text of rank 1" in report
-    assert "rank 2: failed" in report and "text of rank 2" in report
+    assert "rank 1: crashed" in report
+    assert "text of rank 1" in report
+    assert "rank 2: failed" in report
+    assert "text of rank 2" in report
     assert "rank 0:" not in report
 
 

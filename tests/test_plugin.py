@@ -153,7 +153,9 @@ def test_marked_test_without_world_argument_is_refused(pytester: pytest.Pytester
     )
     result = pytester.runpytest("--collect-only")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.fnmatch_lines(["*test_no_arg: a test marked world must take the `world` argument"])
+    result.stdout.fnmatch_lines(
+        ["*test_no_arg: a test marked world must take the `world` argument"]
+    )
 
 
 def test_world_fixture_without_marker_fails_clearly(pytester: pytest.Pytester) -> None:

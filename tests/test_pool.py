@@ -71,7 +71,9 @@ ONE = WorldSpec("gloo", 1)
 TWO = WorldSpec("gloo", 2)
 
 
-def test_max_alive_one_closes_the_previous_world(pool_factory: list[WorldPool], tmp_path: Path) -> None:
+def test_max_alive_one_closes_the_previous_world(
+    pool_factory: list[WorldPool], tmp_path: Path
+) -> None:
     pool = new_pool(pool_factory, max_alive=1)
     first = run(pool, ONE, tmp_path / "a")
     run(pool, TWO, tmp_path / "b")
@@ -81,7 +83,9 @@ def test_max_alive_one_closes_the_previous_world(pool_factory: list[WorldPool], 
     assert pool.spawned == 3
 
 
-def test_least_recently_used_world_is_evicted(pool_factory: list[WorldPool], tmp_path: Path) -> None:
+def test_least_recently_used_world_is_evicted(
+    pool_factory: list[WorldPool], tmp_path: Path
+) -> None:
     pool = new_pool(pool_factory, max_alive=2)
     one = run(pool, ONE, tmp_path / "a")
     run(pool, TWO, tmp_path / "b")

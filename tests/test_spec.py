@@ -47,7 +47,9 @@ def test_nccl_world_without_nccl_says_so() -> None:
 def context(size: int) -> WorldContext:
     from pathlib import Path
 
-    return WorldContext(WorldSpec("gloo", size), rank=0, local_rank=0, tmp_path=Path("."), launcher="spawn")
+    return WorldContext(
+        WorldSpec("gloo", size), rank=0, local_rank=0, shared_dir=Path("."), launcher="spawn"
+    )
 
 
 def test_mesh_shape_must_cover_the_world() -> None:

@@ -10,7 +10,13 @@ from tests._inner import InnerRun, run_inner
 
 
 def torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +32,10 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
 
 
 def test_only_tests_of_the_launched_size_run(two: InnerRun, four: InnerRun) -> None:
-    assert "test_allreduce[w2]" in two.cases and "test_allreduce[w4]" not in two.cases
-    assert "test_allreduce[w4]" in four.cases and "test_allreduce[w2]" not in four.cases
+    assert "test_allreduce[w2]" in two.cases
+    assert "test_allreduce[w4]" not in two.cases
+    assert "test_allreduce[w4]" in four.cases
+    assert "test_allreduce[w2]" not in four.cases
     assert four.outcome("test_allreduce[w4]") == "passed"
 
 

@@ -1,0 +1,1 @@
+"""The conformance suite that judges the torch build under test."""
