@@ -17,8 +17,10 @@ def test_python_and_descriptor_writes_are_captured_and_fds_restored(
     with capfd.disabled():  # a rank process has no pytest capture of its own
         before = os.fstat(1).st_ino, os.fstat(2).st_ino
         with FdCapture(tmp_path, rank=3).during_test():
-            print("python stdout")
+            # Flushed as a rank's unbuffered streams (PYTHONUNBUFFERED=1) would be.
+            print("python stdout", flush=True)
             sys.stderr.write("python stderr\n")
+            sys.stderr.flush()
             os.write(1, b"raw fd 1\n")
             os.write(2, b"raw fd 2\n")
         assert (os.fstat(1).st_ino, os.fstat(2).st_ino) == before

@@ -60,9 +60,13 @@ def run_with_notes(
 
 
 def wait_until_dead(pid: int) -> None:
-    """Wait until ``pid`` is a zombie (dead, not yet reaped by its parent, the pool)."""
+    """Wait until the child ``pid`` can be reaped, without reaping it (the pool will).
+
+    A killed multithreaded process shows as a zombie before all its threads
+    are gone; only then does ``waitpid`` report it.
+    """
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         assert time.monotonic() < deadline, f"process {pid} did not die"
         time.sleep(0.01)
 
