@@ -223,7 +223,8 @@ def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
                 item.add_report_section("call", f"{stream} (rank {rank})", text)
     verdict = outcome.verdict
     if verdict == msg.SKIPPED:
-        pytest.skip(outcome.reason)
+        # Reported at the test's location, as a skip raised in the body would be.
+        raise pytest.skip.Exception(outcome.reason, _use_item_location=True)
     if verdict == msg.XFAILED:
         pytest.xfail(outcome.reason)
     if verdict != msg.PASSED:
