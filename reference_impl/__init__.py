@@ -1,1 +1,47 @@
-"""An independent oracle of the semantics of torch's distributed state-dict code."""
+"""An independent oracle of the semantics of torch's distributed state-dict code.
+
+Modules mirror the upstream modules they model; users import from here.
+``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``.
+"""
+
+from __future__ import annotations
+
+from reference_impl._gather import local_piece
+from reference_impl.state_dict_utils import (
+    CompanionMismatch,
+    UnsupportedValue,
+    broadcast_state_dict,
+    check_state_dict_similarity,
+    copy_state_dict,
+    create_cpu_state_dict,
+    distribute_state_dict,
+    flatten_state_dict,
+    format_path,
+    gather_state_dict,
+    identity,
+    iterate_state_dict,
+    offload_state_dict_to_cpu,
+    set_element,
+    traverse_state_dict,
+    unflatten_state_dict,
+)
+
+__all__ = [
+    "CompanionMismatch",
+    "UnsupportedValue",
+    "broadcast_state_dict",
+    "check_state_dict_similarity",
+    "copy_state_dict",
+    "create_cpu_state_dict",
+    "distribute_state_dict",
+    "flatten_state_dict",
+    "format_path",
+    "gather_state_dict",
+    "identity",
+    "iterate_state_dict",
+    "local_piece",
+    "offload_state_dict_to_cpu",
+    "set_element",
+    "traverse_state_dict",
+    "unflatten_state_dict",
+]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import harness
 import reference_impl
 
@@ -22,5 +25,60 @@ def test_harness_public_names() -> None:
         assert getattr(harness, name).__doc__, f"harness.{name} has no docstring"
 
 
-def test_reference_impl_is_documented() -> None:
-    assert reference_impl.__doc__
+def test_reference_impl_public_names() -> None:
+    assert sorted(reference_impl.__all__) == [
+        "CompanionMismatch",
+        "UnsupportedValue",
+        "broadcast_state_dict",
+        "check_state_dict_similarity",
+        "copy_state_dict",
+        "create_cpu_state_dict",
+        "distribute_state_dict",
+        "flatten_state_dict",
+        "format_path",
+        "gather_state_dict",
+        "identity",
+        "iterate_state_dict",
+        "local_piece",
+        "offload_state_dict_to_cpu",
+        "set_element",
+        "traverse_state_dict",
+        "unflatten_state_dict",
+    ]
+    for name in reference_impl.__all__:
+        assert getattr(reference_impl, name).__doc__, f"reference_impl.{name} has no docstring"
+
+
+FORBIDDEN = {
+    "torch.distributed._state_dict_utils",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.fsdp._optim_utils",
+    "torch.distributed.fsdp._state_dict_utils",
+}
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module an import statement names, including ``from package import module``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_import_check_sees_both_import_forms() -> None:
+    assert "torch.distributed._state_dict_utils" in imported_modules(
+        "from torch.distributed import _state_dict_utils"
+    )
+    assert "torch.distributed.fsdp._optim_utils" in imported_modules(
+        "import torch.distributed.fsdp._optim_utils as o"
+    )
+
+
+def test_oracle_never_imports_the_upstream_modules_it_models() -> None:
+    for source in Path(reference_impl.__file__).parent.glob("*.py"):
+        imported = imported_modules(source.read_text())
+        assert not imported & FORBIDDEN, f"{source.name} imports {sorted(imported & FORBIDDEN)}"

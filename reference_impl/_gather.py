@@ -1,0 +1,185 @@
+"""Full tensors from DTensors and ShardedTensors, assembled from every rank's local piece.
+
+The oracle does not ask DTensor to redistribute itself: it computes each
+rank's layout from the placements (``_layout``), all-gathers the raw bytes
+of the local pieces along each mesh dim, and writes every piece where its
+layout says it belongs. Bytes travel as ``uint8``, so every dtype works on
+every backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement
+
+from reference_impl._layout import Layout, layout_of
+
+Coordinate = tuple[int, ...]
+
+
+def group_device(group: dist.ProcessGroup | None, preferred: torch.device) -> torch.device:
+    """``preferred`` if the group's backend can move tensors there, else a device it can."""
+    config = dist.get_backend_config(group)
+    supported = {part.split(":")[0] for part in config.split(",")} if ":" in config else set()
+    if not supported:  # a single backend name, e.g. "nccl"
+        supported = {"cuda"} if "nccl" in config else {"cpu"}
+    if preferred.type in supported:
+        return preferred
+    if "cuda" in supported and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _all_gather_bytes(
+    payload: torch.Tensor, sizes: Sequence[int], group: dist.ProcessGroup | None
+) -> list[torch.Tensor]:
+    """Every group member's ``payload`` (of known byte ``sizes``), in group-rank order."""
+    longest = max(sizes)
+    if longest == 0:
+        return [payload.new_empty(0) for _ in sizes]
+    padded = payload.new_zeros(longest)
+    padded[: payload.numel()] = payload
+    received = [payload.new_empty(longest) for _ in sizes]
+    dist.all_gather(received, padded, group=group)
+    return [buffer[:size] for buffer, size in zip(received, sizes, strict=True)]
+
+
+def _mesh_coordinates(mesh_ranks: torch.Tensor) -> dict[int, Coordinate]:
+    """Global rank → mesh coordinate."""
+    return {
+        int(mesh_ranks[coord]): coord
+        for coord in itertools.product(*(range(n) for n in mesh_ranks.shape))
+    }
+
+
+def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
+    """The global tensor of ``value``, on every rank of its mesh, on the mesh's device type.
+
+    Models the gather in upstream ``_gather_state_dict`` (redistribute to
+    ``Replicate`` on every mesh dim, then ``to_local``).
+    """
+    mesh = value.device_mesh
+    placements = tuple(value.placements)
+    mesh_shape = tuple(mesh.shape)
+    local = value.to_local()
+    device = torch.device(mesh.device_type)
+    if local.device.type != device.type:
+        local = local.to(device)
+    device = local.device
+    layouts = {
+        coord: layout_of(value.shape, mesh_shape, placements, coord)
+        for coord in itertools.product(*(range(n) for n in mesh_shape))
+    }
+    my_coord = tuple(mesh.get_coordinate() or ())
+    expected = layouts[my_coord].shape
+    if tuple(local.shape) != expected:
+        raise ValueError(
+            f"local shard of shape {tuple(local.shape)} does not match placements "
+            f"{placements} of a {tuple(value.shape)} tensor (expected {expected})"
+        )
+    element = local.element_size()
+    pieces: dict[Coordinate, torch.Tensor] = {my_coord: _as_bytes(local)}
+    coordinate_of = _mesh_coordinates(mesh.mesh)
+    for dim, size in enumerate(mesh_shape):
+        if size == 1:
+            continue
+        group = mesh.get_group(dim)
+        members = [coordinate_of[r][dim] for r in dist.get_process_group_ranks(group)]
+        mine = sorted(pieces)
+
+        def held_by(
+            position: int, mine: list[Coordinate] = mine, dim: int = dim
+        ) -> list[Coordinate]:
+            return [(*key[:dim], position, *key[dim + 1 :]) for key in mine]
+
+        sizes = [sum(layouts[k].numel for k in held_by(p)) * element for p in members]
+        payload = torch.cat([pieces[k] for k in mine])
+        for position, buffer in zip(members, _all_gather_bytes(payload, sizes, group), strict=True):
+            offset = 0
+            for key in held_by(position):
+                length = layouts[key].numel * element
+                pieces[key] = buffer[offset : offset + length]
+                offset += length
+    return _assemble(value.shape, value.dtype, device, layouts, pieces)
+
+
+def _assemble(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    layouts: dict[Coordinate, Layout],
+    pieces: dict[Coordinate, torch.Tensor],
+) -> torch.Tensor:
+    full = torch.empty(tuple(shape), dtype=dtype, device=device)
+    for coord, raw in pieces.items():
+        layout = layouts[coord]
+        if layout.numel:
+            full[layout.index()] = raw.view(dtype).view(layout.shape)
+    return full
+
+
+def full_tensor_of_sharded_tensor(
+    value: ShardedTensor,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """The global tensor of ``value`` on every rank, on its local shards' device (else CPU).
+
+    Models upstream ``_all_gather_sharded_tensor``, but places each shard by
+    its metadata (offsets and sizes) instead of assuming dim-0 chunks.
+    """
+    shards = value.metadata().shards_metadata
+    local = {tuple(s.metadata.shard_offsets): s.tensor for s in value.local_shards()}
+    home = next(iter(local.values())).device if local else torch.device("cpu")
+    comm_device = group_device(group, device or home)
+    element = torch.empty(0, dtype=value.dtype).element_size()
+    world = dist.get_world_size(group)
+    by_rank: list[list[int]] = [[] for _ in range(world)]
+    for index, shard in enumerate(shards):
+        owner = shard.placement.rank() if shard.placement is not None else None
+        if owner is None:
+            raise ValueError(f"shard {index} of the ShardedTensor has no placement rank")
+        by_rank[owner].append(index)
+    sizes = [sum(_numel(shards[i].shard_sizes) for i in held) * element for held in by_rank]
+    mine = by_rank[dist.get_rank(group)]
+    payload = torch.cat(
+        [_as_bytes(local[tuple(shards[i].shard_offsets)]).to(comm_device) for i in mine]
+        or [torch.empty(0, dtype=torch.uint8, device=comm_device)]
+    )
+    full = torch.empty(tuple(value.size()), dtype=value.dtype, device=comm_device)
+    for held, buffer in zip(by_rank, _all_gather_bytes(payload, sizes, group), strict=True):
+        offset = 0
+        for i in held:
+            sizes_i = tuple(shards[i].shard_sizes)
+            length = _numel(sizes_i) * element
+            region = tuple(
+                slice(o, o + n) for o, n in zip(shards[i].shard_offsets, sizes_i, strict=True)
+            )
+            full[region] = buffer[offset : offset + length].view(value.dtype).view(sizes_i)
+            offset += length
+    return full.to(home)
+
+
+def _numel(sizes: Sequence[int]) -> int:
+    count = 1
+    for size in sizes:
+        count *= size
+    return count
+
+
+def local_piece(
+    full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]
+) -> torch.Tensor:
+    """The part of ``full`` that this rank holds on ``mesh`` under ``placements``."""
+    coordinate = tuple(mesh.get_coordinate() or ())
+    return full[layout_of(full.shape, tuple(mesh.shape), tuple(placements), coordinate).index()]
