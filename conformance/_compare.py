@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def assert_state_dict_equal(
@@ -54,4 +56,68 @@ def _assert_tensor_equal(
             f"{path}: {int((~close).sum())} of {actual.numel()} values differ "
             f"(max abs diff {diff:.3g}, atol={atol}, rtol={rtol}); first at index {index}: "
             f"{actual[index].item()!r} != {expected[index].item()!r}"
+        )
+
+
+def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<root>") -> None:
+    """Assert the torch build's result and the oracle's are the same, leaf by leaf.
+
+    Same container types and keys in the same order; tensors of the same
+    class, device, dtype, shape and values (NaN equals NaN); DTensors with
+    the same mesh and placements and identical local tensors; BytesIO with
+    the same bytes; other leaves equal and of the same type.
+    """
+    if type(torch_result) is not type(oracle_result):
+        raise AssertionError(
+            f"{path}: torch gave {type(torch_result).__name__}, "
+            f"the oracle {type(oracle_result).__name__}"
+        )
+    if isinstance(oracle_result, dict):
+        if list(torch_result) != list(oracle_result):
+            raise AssertionError(
+                f"{path}: keys {list(torch_result)} != oracle's {list(oracle_result)}"
+            )
+        for key in oracle_result:
+            assert_trees_identical(torch_result[key], oracle_result[key], f"{path}.{key}")
+    elif isinstance(oracle_result, (list, tuple)):
+        if len(torch_result) != len(oracle_result):
+            raise AssertionError(
+                f"{path}: length {len(torch_result)} != oracle's {len(oracle_result)}"
+            )
+        for index, (a, b) in enumerate(zip(torch_result, oracle_result, strict=True)):
+            assert_trees_identical(a, b, f"{path}[{index}]")
+    elif isinstance(oracle_result, DTensor):
+        if torch_result.device_mesh != oracle_result.device_mesh:
+            raise AssertionError(f"{path}: meshes differ")
+        if tuple(torch_result.placements) != tuple(oracle_result.placements):
+            raise AssertionError(
+                f"{path}: placements {torch_result.placements} "
+                f"!= oracle's {oracle_result.placements}"
+            )
+        if torch_result.shape != oracle_result.shape:
+            raise AssertionError(
+                f"{path}: global shape {torch_result.shape} != oracle's {oracle_result.shape}"
+            )
+        assert_trees_identical(torch_result.to_local(), oracle_result.to_local(), f"{path}<local>")
+    elif isinstance(oracle_result, torch.Tensor):
+        _assert_same_tensor(torch_result, oracle_result, path)
+    elif isinstance(oracle_result, io.BytesIO):
+        if torch_result.getvalue() != oracle_result.getvalue():
+            raise AssertionError(f"{path}: BytesIO contents differ")
+    elif torch_result != oracle_result:
+        raise AssertionError(f"{path}: torch gave {torch_result!r}, the oracle {oracle_result!r}")
+
+
+def _assert_same_tensor(torch_result: torch.Tensor, oracle_result: torch.Tensor, path: str) -> None:
+    for what in ("device", "dtype", "shape"):
+        mine, theirs = getattr(torch_result, what), getattr(oracle_result, what)
+        if mine != theirs:
+            raise AssertionError(f"{path}: {what} {mine} != oracle's {theirs}")
+    a, b = torch_result.detach().cpu(), oracle_result.detach().cpu()
+    same = (a == b) | a.isnan() & b.isnan() if a.is_floating_point() else a == b
+    if not bool(same.all()):
+        index = tuple(int(i) for i in (~same).nonzero()[0])
+        raise AssertionError(
+            f"{path}: {int((~same).sum())} of {a.numel()} values differ; first at {index}: "
+            f"torch {a[index].item()!r}, oracle {b[index].item()!r}"
         )

@@ -1,0 +1,385 @@
+"""Utilities: the torch build's ``_state_dict_utils`` against the oracle, on generated state dicts.
+
+Each property runs the same hypothesis search on every rank (derandomized,
+so every rank draws the same examples) and agrees on every example's
+outcome with an all-reduce, so a failure on one rank fails, and shrinks, on
+all of them. A failing example is printed in the rank's captured output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.distributed.tensor import DTensor
+
+import reference_impl as ri
+from conformance._compare import assert_trees_identical
+from conformance._trees import (
+    Builder,
+    DTensorSpec,
+    TensorSpec,
+    full_tensor,
+    tree_specs,
+    world_meshes,
+)
+from conformance._upstream import STATE_DICT_UTILS, upstream
+
+EXAMPLES = 25
+
+
+def spmd_property(
+    strategy: st.SearchStrategy[Any], check: Callable[[Any], None], examples: int = EXAMPLES
+) -> None:
+    """Run ``check`` on examples of ``strategy``; every rank agrees on every outcome."""
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def agreed(spec: Any) -> None:
+        error: BaseException | None = None
+        try:
+            check(spec)
+        except Exception as exc:
+            error = exc
+        failures = torch.tensor([0 if error is None else 1])
+        dist.all_reduce(failures)
+        if error is not None:
+            raise error
+        if failures.item():
+            raise AssertionError("this example failed on another rank")
+
+    agreed()
+
+
+class Full(Builder):
+    """Builds the ground truth of a spec: every DTensor as the full tensor it holds."""
+
+    def dtensor(self, spec: DTensorSpec) -> torch.Tensor:  # type: ignore[override]
+        return full_tensor(spec.shape, spec.dtype, spec.seed).to(self.device)
+
+
+def setup(world: Any) -> tuple[Builder, Full, tuple[str, ...]]:
+    meshes = world_meshes(world)
+    return Builder(meshes, world.device), Full(meshes, world.device), tuple(meshes)
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize("cpu_offload", [False, True])
+@pytest.mark.parametrize("ranks_only", [(), (0,)])
+def test_gather_matches_the_oracle_and_the_ground_truth(world, cpu_offload, ranks_only):
+    gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
+    build, full, meshes = setup(world)
+
+    def check(spec: dict[str, Any]) -> None:
+        options = {"cpu_offload": cpu_offload, "ranks_only": ranks_only}
+        theirs = gather(build.build(spec), **options)
+        ours = ri.gather_state_dict(build.build(spec), **options)
+        assert_trees_identical(theirs, ours)
+        if not ranks_only or world.rank in ranks_only:
+            assert_trees_identical(ours, full.build(spec))
+        else:
+            assert ours == {}
+
+    spmd_property(tree_specs(meshes), check)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_offload_matches_the_oracle(world):
+    offload = upstream(STATE_DICT_UTILS, "_offload_state_dict_to_cpu")
+    build, _, meshes = setup(world)
+    spmd_property(
+        tree_specs(meshes),
+        lambda spec: assert_trees_identical(
+            offload(build.build(spec)), ri.offload_state_dict_to_cpu(build.build(spec))
+        ),
+    )
+
+
+def tensors_of(tree: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    ri.traverse_state_dict(
+        tree, lambda _, v: found.append(v) if isinstance(v, torch.Tensor) else None
+    )
+    return found
+
+
+@pytest.mark.world(1, 2, 4)
+def test_copy_matches_the_oracle_and_returns_the_companions_tensors(world):
+    copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
+    build, _, meshes = setup(world)
+
+    def check(spec: dict[str, Any]) -> None:
+        source = build.build(spec)
+        their_companion = ri.create_cpu_state_dict(source)
+        our_companion = ri.create_cpu_state_dict(source)
+        theirs = copy(source, their_companion)
+        ours = ri.copy_state_dict(source, our_companion)
+        assert_trees_identical(theirs, ours)
+        assert_trees_identical(their_companion, our_companion)
+        for result, companion in ((theirs, their_companion), (ours, our_companion)):
+            for got, target in zip(tensors_of(result), tensors_of(companion), strict=True):
+                assert got is target, "the copy must return the companion's own tensors"
+
+    spmd_property(tree_specs(meshes), check)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_create_cpu_state_dict_matches_the_oracle_and_shares_no_storage(world):
+    create = upstream(STATE_DICT_UTILS, "_create_cpu_state_dict")
+    build, _, meshes = setup(world)
+
+    def storages(tree: Any) -> set[int]:
+        locals_ = [t.to_local() if isinstance(t, DTensor) else t for t in tensors_of(tree)]
+        return {t.untyped_storage().data_ptr() for t in locals_ if t.numel() and t.dim()}
+
+    def check(spec: dict[str, Any]) -> None:
+        source = build.build(spec)
+        theirs, ours = create(source), ri.create_cpu_state_dict(source)
+        # Contents are uninitialised: fill both from the source, then compare everything.
+        ri.copy_state_dict(source, theirs)
+        ri.copy_state_dict(source, ours)
+        assert_trees_identical(theirs, ours)
+        assert not storages(ours) & storages(source)
+        assert not storages(theirs) & storages(source)
+
+    spmd_property(tree_specs(meshes), check)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_create_cpu_state_dict_in_shared_memory(world):
+    create = upstream(STATE_DICT_UTILS, "_create_cpu_state_dict")
+    build, _, meshes = setup(world)
+
+    def check(spec: dict[str, Any]) -> None:
+        source = build.build(spec)
+        for result in (
+            create(source, share_memory=True),
+            ri.create_cpu_state_dict(source, share_memory=True),
+        ):
+            for tensor in tensors_of(result):
+                local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                assert local.dim() == 0 or local.is_shared()
+
+    spmd_property(tree_specs(meshes, with_dtensors=False), check, examples=10)
+
+
+@st.composite
+def similar_pairs(
+    draw: st.DrawFn, meshes: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A spec and either itself or a copy with one top-level tensor's shape or dtype changed."""
+    spec = draw(tree_specs(meshes))
+    other = dict(spec)
+    tensor_keys = [k for k, v in spec.items() if isinstance(v, TensorSpec)]
+    if tensor_keys and draw(st.booleans()):
+        key = draw(st.sampled_from(tensor_keys))
+        old = spec[key]
+        if draw(st.booleans()):
+            other[key] = TensorSpec((*old.shape, 1), old.dtype, old.seed)
+        else:
+            dtype = torch.float16 if old.dtype != torch.float16 else torch.float32
+            other[key] = TensorSpec(old.shape, dtype, old.seed)
+    return spec, other
+
+
+@pytest.mark.world(1, 2)
+def test_similarity_check_matches_the_oracle(world):
+    similar = upstream(STATE_DICT_UTILS, "_check_state_dict_similarity")
+    build, _, meshes = setup(world)
+
+    def check(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        first, second = pair
+        assert similar(build.build(first), build.build(second)) == ri.check_state_dict_similarity(
+            build.build(first), build.build(second)
+        )
+
+    spmd_property(similar_pairs(meshes), check)
+
+
+@pytest.mark.world(1)
+def test_similarity_check_leaves_the_compared_state_dict_unchanged(world):
+    similar = upstream(STATE_DICT_UTILS, "_check_state_dict_similarity")
+    compared = {"w": torch.zeros(3)}
+    assert similar({"w": torch.ones(3)}, compared)
+    assert torch.equal(compared["w"], torch.zeros(3)), (
+        f"the compared state dict changed: {compared}"
+    )
+
+
+@pytest.mark.world(1, 2, 4)
+def test_flatten_and_unflatten_match_the_oracle(world):
+    flatten = upstream(STATE_DICT_UTILS, "_flatten_state_dict")
+    unflatten = upstream(STATE_DICT_UTILS, "_unflatten_state_dict")
+    build, _, meshes = setup(world)
+
+    def check(spec: dict[str, Any]) -> None:
+        source = build.build(spec)
+        try:
+            ours, our_mapping = ri.flatten_state_dict(source)
+        except ValueError:
+            with pytest.raises(ValueError, match="duplicated flatten key"):
+                flatten(source)
+            return
+        theirs, their_mapping = flatten(source)
+        assert_trees_identical(theirs, ours)
+        assert their_mapping == our_mapping
+        assert_trees_identical(
+            unflatten(theirs, their_mapping), ri.unflatten_state_dict(ours, our_mapping)
+        )
+
+    spmd_property(tree_specs(meshes), check)
+
+
+@pytest.mark.world(1)
+def test_flatten_then_unflatten_keeps_empty_containers(world):
+    flatten = upstream(STATE_DICT_UTILS, "_flatten_state_dict")
+    unflatten = upstream(STATE_DICT_UTILS, "_unflatten_state_dict")
+    original = {"optim": {"state": {}, "param_groups": [{"params": []}]}, "w": torch.ones(1)}
+    assert unflatten(*flatten(original)) == {**original}
+
+
+@st.composite
+def broadcast_cases(draw: st.DrawFn, meshes: tuple[str, ...], strict_keys: bool) -> dict[str, Any]:
+    """A flat full state dict spec and, per key, how the local state dict holds it."""
+    names = draw(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=5, unique=True))
+    full: dict[str, Any] = {}
+    local: dict[str, Any] = {}
+    for name in names:
+        kind = draw(st.sampled_from(["tensor", "zero-dim", "plain", "dtensor"]))
+        dtype = draw(st.sampled_from([torch.float32, torch.int64]))
+        seed = draw(st.integers(0, 1000))
+        if kind == "plain":
+            full[name] = draw(st.integers(-3, 3))
+            local[name] = 0
+            continue
+        shape: tuple[int, ...] = (
+            ()
+            if kind == "zero-dim"
+            else tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=2)))
+        )
+        full[name] = TensorSpec(shape, dtype, seed)
+        if kind == "dtensor":
+            mesh = draw(st.sampled_from(meshes))
+            from conformance._trees import placements_for
+
+            local[name] = DTensorSpec(
+                shape,
+                dtype,
+                seed + 1,
+                mesh,
+                draw(st.sampled_from(placements_for(mesh, len(shape)))),
+            )
+        elif strict_keys or draw(st.booleans()):
+            local[name] = TensorSpec(shape, dtype, seed + 1)
+    if not strict_keys and draw(st.booleans()):
+        local["extra"] = TensorSpec((2,), torch.float32, 7)
+    return {"full": full, "local": local}
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("cpu_offload", [False, True])
+def test_broadcast_state_dict_matches_the_oracle(world, strict, cpu_offload):
+    broadcast = upstream(STATE_DICT_UTILS, "_broadcast_state_dict")
+    build, _, meshes = setup(world)
+
+    def check(case: dict[str, Any]) -> None:
+        full = build.build(case["full"]) if world.rank == 0 else {}
+        theirs, ours = build.build(case["local"]), build.build(case["local"])
+        broadcast(full, theirs, world.device, strict=strict, cpu_offload=cpu_offload)
+        ri.broadcast_state_dict(full, ours, world.device, strict=strict, cpu_offload=cpu_offload)
+        assert_trees_identical(theirs, ours)
+
+    spmd_property(broadcast_cases(meshes, strict_keys=cpu_offload), check)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_distribute_state_dict_matches_the_oracle(world):
+    distribute = upstream(STATE_DICT_UTILS, "_distribute_state_dict")
+    build, _, meshes = setup(world)
+
+    def check(case: dict[str, Any]) -> None:
+        full = build.build(case["full"])
+        theirs, ours = build.build(case["local"]), build.build(case["local"])
+        distribute(full, theirs, world.device)
+        ri.distribute_state_dict(full, ours, world.device)
+        assert_trees_identical(theirs, ours)
+
+    spmd_property(broadcast_cases(meshes, strict_keys=False), check)
+
+
+# ----- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.world(1)
+def test_mismatched_companion_is_refused_by_both(world):
+    copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
+    source = {"a": {"b": torch.ones(2)}, "c": [torch.ones(1)]}
+    for companion, path in (
+        ({"a": {"x": torch.ones(2)}, "c": [torch.ones(1)]}, "a"),
+        ({"a": {"b": torch.ones(2)}, "c": []}, "c"),
+    ):
+        with pytest.raises(Exception):  # noqa: B017, PT011 - upstream raises its own CompanionMismatch
+            copy(source, companion)
+        with pytest.raises(ri.CompanionMismatch, match=rf"^{path}:"):
+            ri.copy_state_dict(source, companion)
+
+
+@pytest.mark.world(1)
+def test_wrong_companion_shape_is_refused_by_both(world):
+    copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
+    source, companion = {"a": [torch.ones(2, 3)]}, {"a": [torch.zeros(3, 3)]}
+    with pytest.raises(RuntimeError):
+        copy(source, companion)
+    with pytest.raises(ri.CompanionMismatch, match=r"^a\[0\]: torch.float32\[2, 3\] cannot go"):
+        ri.copy_state_dict(source, companion)
+
+
+@pytest.mark.world(1)
+def test_unsupported_leaf_with_type_check_is_refused_by_both(world):
+    gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
+    source = {"opt": {"state": [object()]}}
+    with pytest.raises(ValueError, match="Unexpected value type"):
+        gather(source)
+    with pytest.raises(
+        ri.UnsupportedValue, match=r"^opt.state\[0\]: unsupported value type object"
+    ):
+        ri.gather_state_dict(source)
+
+
+@pytest.mark.world(4)
+def test_gather_of_an_fsdp2_tp_model_with_strided_shards(world):
+    """FSDP2 over TP shards fc1 as (_StridedShard(0, sf=2), Shard(0)), rows 3+2 per TP half."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from conformance._compare import assert_state_dict_equal
+    from conformance._models import seeded_mlp
+
+    gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
+    mesh = world.mesh((2, 2), ("dp", "tp"))
+    model = seeded_mlp()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    state_dict = model.state_dict()
+    assert isinstance(state_dict["fc1.weight"].placements[0], _StridedShard)
+    ours = ri.gather_state_dict(state_dict)
+    assert_state_dict_equal(ours, expected)
+    assert_trees_identical(gather(state_dict), ours)

@@ -1,0 +1,50 @@
+"""Manifests of known divergences: parsing, matching, and reporting unused entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance._manifest import default_manifest, parse
+
+
+def test_entries_parse_and_match_node_ids(tmp_path: Path) -> None:
+    path = tmp_path / "m.txt"
+    path.write_text(
+        "# comment\n\nconformance/x.py::test_a[[]w*] | a reason | https://example.org/a#frag\n"
+    )
+    (entry,) = parse(path)
+    assert entry.link == "https://example.org/a#frag"
+    assert entry.matches("conformance/x.py::test_a[w2]")
+    assert not entry.matches("conformance/x.py::test_ab[w2]")
+    assert entry.source == f"{path}:3"
+
+
+@pytest.mark.parametrize("line", ["only a pattern", "p | reason", "p |  | link"])
+def test_malformed_entries_name_their_line(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "m.txt"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=rf"{path}:1"):
+        parse(path)
+
+
+def test_default_manifest_drops_the_local_version_part() -> None:
+    found = default_manifest("2.13.0+cpu")
+    assert found is not None
+    assert found.name == "2.13.0.txt"
+    assert default_manifest("0.0.1") is None
+
+
+def test_unused_entries_are_reported(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
+    pytester.makepyfile(test_a="def test_a():\n    assert False\n")
+    manifest = pytester.path / "m.txt"
+    manifest.write_text(
+        "test_a.py::test_a | known | https://example.org\ntest_a.py::gone | old | https://example.org\n"
+    )
+    result = pytester.runpytest("--manifest", str(manifest))
+    result.assert_outcomes(xfailed=1)
+    result.stdout.fnmatch_lines(
+        ["*manifest entries that match no test*", "*m.txt:2: test_a.py::gone"]
+    )
