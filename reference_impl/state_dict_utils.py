@@ -347,14 +347,7 @@ def create_cpu_state_dict(
         moved = (
             cast(DTensor, value.to("cpu")) if value.device.type != "cpu" else copy.deepcopy(value)
         )
-        return DTensor.from_local(
-            _cpu_like(moved.to_local(), pin_memory, share_memory),
-            moved.device_mesh,
-            moved.placements,
-            run_check=False,
-            shape=moved.shape,
-            stride=moved.stride(),
-        )
+        return _dtensor_like(moved, _cpu_like(moved.to_local(), pin_memory, share_memory))
 
     def sharded(value: ShardedTensor, pg: Any, device: Any, _: Any) -> ShardedTensor:
         if not value.local_shards():
@@ -401,6 +394,23 @@ def _check_similar(value: Any, other: Any, path: KeyPath) -> None:
             _check_similar(item, other[index], (*path, index))
 
 
+def _dtensor_like(like: DTensor, local: torch.Tensor) -> DTensor:
+    """A DTensor with ``like``'s mesh, placements, shape and stride, holding ``local``."""
+    return DTensor.from_local(
+        local,
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
+
+
+def _fresh_on(piece: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``piece`` on ``device`` in new contiguous memory (never a view of the full tensor)."""
+    return piece.to(device).clone(memory_format=torch.contiguous_format)
+
+
 @dataclass(frozen=True)
 class _TensorMeta:
     """What non-source ranks learn about a tensor before it is broadcast."""
@@ -419,14 +429,7 @@ def _place_full_tensor(
     if isinstance(local, DTensor):
         piece = local_piece(full, local.device_mesh, local.placements)
         if local.is_meta:
-            local_state_dict[key] = DTensor.from_local(
-                piece.to(device).clone(),
-                local.device_mesh,
-                local.placements,
-                run_check=False,
-                shape=local.shape,
-                stride=local.stride(),
-            )
+            local_state_dict[key] = _dtensor_like(local, _fresh_on(piece, device))
         else:
             with torch.no_grad():
                 local.to_local().copy_(piece)
@@ -504,16 +507,8 @@ def distribute_state_dict(
         elif (local := local_state_dict.get(key)) is None:
             continue
         elif isinstance(local, DTensor):
-            local_state_dict[key] = DTensor.from_local(
-                local_piece(value.detach(), local.device_mesh, local.placements)
-                .to(device)
-                .contiguous(),
-                local.device_mesh,
-                local.placements,
-                run_check=False,
-                shape=local.shape,
-                stride=local.stride(),
-            )
+            piece = local_piece(value.detach(), local.device_mesh, local.placements)
+            local_state_dict[key] = _dtensor_like(local, _fresh_on(piece, device))
         else:
             local_state_dict[key] = value.detach().to(device)
 

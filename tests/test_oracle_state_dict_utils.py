@@ -187,3 +187,25 @@ def test_flatten_then_unflatten_is_the_identity(state_dict):
     except ValueError:
         return  # two paths joined to the same key: refused, as tested above
     assert ri.unflatten_state_dict(flat, mapping) == _lists_for_tuples(state_dict)
+
+
+def test_distribute_gives_dtensors_their_own_memory(tmp_path):
+    """The new DTensor must not alias the caller's full tensor (upstream scatters a copy)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        full = {"w": torch.arange(6.0).view(3, 2)}
+        local = {"w": distribute_tensor(torch.zeros(3, 2), mesh, [Shard(0)])}
+        ri.distribute_state_dict(full, local, torch.device("cpu"))
+        full["w"].add_(100)
+        assert local["w"].to_local().tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    finally:
+        dist.destroy_process_group()

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import ModuleType
 
 import harness
 import reference_impl
+
+
+def assert_documented(package: ModuleType) -> None:
+    for name in package.__all__:
+        assert getattr(package, name).__doc__, f"{package.__name__}.{name} has no docstring"
 
 
 def test_harness_public_names() -> None:
@@ -21,8 +27,7 @@ def test_harness_public_names() -> None:
         "WorldStartError",
         "launched_by_torchrun",
     ]
-    for name in harness.__all__:
-        assert getattr(harness, name).__doc__, f"harness.{name} has no docstring"
+    assert_documented(harness)
 
 
 def test_reference_impl_public_names() -> None:
@@ -45,8 +50,7 @@ def test_reference_impl_public_names() -> None:
         "traverse_state_dict",
         "unflatten_state_dict",
     ]
-    for name in reference_impl.__all__:
-        assert getattr(reference_impl, name).__doc__, f"reference_impl.{name} has no docstring"
+    assert_documented(reference_impl)
 
 
 FORBIDDEN = {
