@@ -383,3 +383,29 @@ def test_gather_of_an_fsdp2_tp_model_with_strided_shards(world):
     ours = ri.gather_state_dict(state_dict)
     assert_state_dict_equal(ours, expected)
     assert_trees_identical(gather(state_dict), ours)
+
+
+@pytest.mark.world(2, 4)  # at one rank FSDP1 does not shard: plain tensors
+@pytest.mark.parametrize("cpu_offload", [False, True])
+def test_gather_of_fsdp1_sharded_tensors(world, cpu_offload):
+    """FSDP1's SHARDED_STATE_DICT holds ShardedTensors, split unevenly over the ranks."""
+    import warnings
+
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+    from conformance._compare import assert_state_dict_equal
+    from conformance._models import seeded_mlp
+
+    gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
+    model = seeded_mlp()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    fsdp = FullyShardedDataParallel(model, device_id=world.device, use_orig_params=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with FullyShardedDataParallel.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
+            state_dict = fsdp.state_dict()
+    assert isinstance(state_dict["fc1.weight"], ShardedTensor)
+    ours = ri.gather_state_dict(state_dict, cpu_offload=cpu_offload)
+    assert_state_dict_equal(ours, expected)
+    assert_trees_identical(gather(state_dict, cpu_offload=cpu_offload), ours)

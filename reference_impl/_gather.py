@@ -9,6 +9,7 @@ every backend.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from reference_impl._layout import Layout, layout_of
 
@@ -40,18 +41,42 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+_all_gather_into_one = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _all_gather_bytes(
     payload: torch.Tensor, sizes: Sequence[int], group: dist.ProcessGroup | None
 ) -> list[torch.Tensor]:
-    """Every group member's ``payload`` (of known byte ``sizes``), in group-rank order."""
+    """Every group member's ``payload`` (of known byte ``sizes``), in group-rank order.
+
+    One collective into one buffer; payloads shorter than the longest are padded.
+    """
     longest = max(sizes)
     if longest == 0:
         return [payload.new_empty(0) for _ in sizes]
-    padded = payload.new_zeros(longest)
-    padded[: payload.numel()] = payload
-    received = [payload.new_empty(longest) for _ in sizes]
-    dist.all_gather(received, padded, group=group)
-    return [buffer[:size] for buffer, size in zip(received, sizes, strict=True)]
+    if payload.numel() != longest:
+        padded = payload.new_zeros(longest)
+        padded[: payload.numel()] = payload
+        payload = padded
+    received = payload.new_empty(len(sizes) * longest)
+    _all_gather_into_one(received, payload, group=group)
+    return [received[i * longest : i * longest + size] for i, size in enumerate(sizes)]
+
+
+def _even_row_blocks(value: DTensor) -> dist.ProcessGroup | None:
+    """The group over which ``value``'s pieces are equal dim-0 blocks in group order, if so.
+
+    Then gathering the pieces back to back in group order is the full tensor.
+    """
+    mesh = value.device_mesh
+    if mesh.ndim != 1 or tuple(value.placements) != (Shard(0),) or value.numel() == 0:
+        return None
+    if value.shape[0] % mesh.size() != 0 or not value.to_local().is_contiguous():
+        return None
+    group = mesh.get_group(0)
+    if dist.get_process_group_ranks(group) != mesh.mesh.tolist():
+        return None
+    return group
 
 
 def _mesh_coordinates(mesh_ranks: torch.Tensor) -> dict[int, Coordinate]:
@@ -76,10 +101,14 @@ def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
     if local.device.type != device.type:
         local = local.to(device)
     device = local.device
-    layouts = {
-        coord: layout_of(value.shape, mesh_shape, placements, coord)
-        for coord in itertools.product(*(range(n) for n in mesh_shape))
-    }
+    if mesh.size() == 1 or all(isinstance(p, Replicate) for p in placements):
+        return local  # every rank already holds the whole tensor, as upstream returns it
+    blocks_group = _even_row_blocks(value)
+    if blocks_group is not None:
+        full = torch.empty(tuple(value.shape), dtype=value.dtype, device=device)
+        _all_gather_into_one(_as_bytes(full), _as_bytes(local), group=blocks_group)
+        return full
+    layouts = _all_layouts(tuple(value.shape), mesh_shape, placements)
     my_coord = tuple(mesh.get_coordinate() or ())
     expected = layouts[my_coord].shape
     if tuple(local.shape) != expected:
@@ -103,7 +132,7 @@ def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
             return [(*key[:dim], position, *key[dim + 1 :]) for key in mine]
 
         sizes = [sum(layouts[k].numel for k in held_by(p)) * element for p in members]
-        payload = torch.cat([pieces[k] for k in mine])
+        payload = pieces[mine[0]] if len(mine) == 1 else torch.cat([pieces[k] for k in mine])
         for position, buffer in zip(members, _all_gather_bytes(payload, sizes, group), strict=True):
             offset = 0
             for key in held_by(position):
@@ -111,6 +140,17 @@ def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
                 pieces[key] = buffer[offset : offset + length]
                 offset += length
     return _assemble(value.shape, value.dtype, device, layouts, pieces)
+
+
+@functools.lru_cache(maxsize=4096)
+def _all_layouts(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple[Placement, ...]
+) -> dict[Coordinate, Layout]:
+    """Every mesh coordinate's layout; state dicts repeat the same few shapes, so cached."""
+    return {
+        coord: layout_of(shape, mesh_shape, placements, coord)
+        for coord in itertools.product(*(range(n) for n in mesh_shape))
+    }
 
 
 def _assemble(

@@ -163,19 +163,18 @@ def _copy_into(companion: Any, source: torch.Tensor, path: KeyPath, non_blocking
             f"{source.dtype}{list(source.shape)} cannot go into a companion of "
             f"{companion.dtype}{list(companion.shape)}",
         )
-    with torch.no_grad():
-        if isinstance(companion, DTensor):
-            if not isinstance(source, DTensor):
-                raise CompanionMismatch(path, "the companion is a DTensor, the value is not")
-            companion.to_local().copy_(source.to_local(), non_blocking=non_blocking)
-        elif isinstance(companion, ShardedTensor):
-            if not isinstance(source, ShardedTensor):
-                raise CompanionMismatch(path, "the companion is a ShardedTensor, the value is not")
-            pairs = zip(companion.local_shards(), source.local_shards(), strict=True)
-            for target, shard in pairs:
-                target.tensor.copy_(shard.tensor, non_blocking=non_blocking)
-        else:
-            companion.copy_(source, non_blocking=non_blocking)
+    if isinstance(companion, DTensor):
+        if not isinstance(source, DTensor):
+            raise CompanionMismatch(path, "the companion is a DTensor, the value is not")
+        companion.to_local().copy_(source.to_local(), non_blocking=non_blocking)
+    elif isinstance(companion, ShardedTensor):
+        if not isinstance(source, ShardedTensor):
+            raise CompanionMismatch(path, "the companion is a ShardedTensor, the value is not")
+        pairs = zip(companion.local_shards(), source.local_shards(), strict=True)
+        for target, shard in pairs:
+            target.tensor.copy_(shard.tensor, non_blocking=non_blocking)
+    else:
+        companion.copy_(source, non_blocking=non_blocking)
     return companion
 
 
@@ -215,7 +214,10 @@ def iterate_state_dict(
         type_check,
         non_blocking,
     )
-    return walk.visit(iter_object, companion_obj, ())
+    if companion_obj is None:
+        return walk.visit(iter_object, None, ())
+    with torch.no_grad():  # copies may land in parameters that require grad
+        return walk.visit(iter_object, companion_obj, ())
 
 
 def gather_state_dict(
