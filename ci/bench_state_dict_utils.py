@@ -111,7 +111,6 @@ def _run(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             request = TestRequest(
-                nodeid=f"bench::{case}",
                 module_name="bench_state_dict_utils_bodies",
                 module_path=__file__,
                 qualname="bench_body",

@@ -59,8 +59,6 @@ class TestCall:
 
     __test__ = False  # not a pytest test class
 
-    index: int
-    nodeid: str
     module_name: str
     module_path: str
     qualname: str

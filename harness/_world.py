@@ -66,7 +66,6 @@ class TestRequest:
 
     __test__ = False  # not a pytest test class
 
-    nodeid: str
     module_name: str
     module_path: str
     qualname: str
@@ -104,7 +103,6 @@ class World:
         self.spec = spec
         self.settings = settings
         self.dir = Path(tempfile.mkdtemp(prefix=f"world-{spec.backend}{spec.size}-"))
-        self._tests_run = 0
         self._ranks: list[_RankProcess] = []
         self._store: Any = None
         try:
@@ -281,11 +279,7 @@ class World:
 
     def run(self, request: TestRequest) -> WorldOutcome:
         """Run one test body on every rank and collect how each ended."""
-        index = self._tests_run
-        self._tests_run += 1
         call = msg.TestCall(
-            index=index,
-            nodeid=request.nodeid,
             module_name=request.module_name,
             module_path=request.module_path,
             qualname=request.qualname,

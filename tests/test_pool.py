@@ -45,7 +45,6 @@ def run_with_notes(
     """Run the pid-reporting body; return each rank's pid and the outcome's notes."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     request = TestRequest(
-        nodeid="pool::test_report_pid",
         module_name="inner_pool_bodies",
         module_path=str(BODIES),
         qualname="test_report_pid",
