@@ -50,13 +50,9 @@ def _assert_tensor_equal(
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     close = torch.isclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
     if not bool(close.all()):
-        index = tuple(int(i) for i in (~close).nonzero()[0])
         diff = (actual.double() - expected.double()).abs().max().item()
-        raise AssertionError(
-            f"{path}: {int((~close).sum())} of {actual.numel()} values differ "
-            f"(max abs diff {diff:.3g}, atol={atol}, rtol={rtol}); first at index {index}: "
-            f"{actual[index].item()!r} != {expected[index].item()!r}"
-        )
+        note = f" (max abs diff {diff:.3g}, atol={atol}, rtol={rtol})"
+        _raise_first_difference(close, actual, expected, path, ("got", "expected"), note)
 
 
 def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<root>") -> None:
@@ -114,10 +110,22 @@ def _assert_same_tensor(torch_result: torch.Tensor, oracle_result: torch.Tensor,
         if mine != theirs:
             raise AssertionError(f"{path}: {what} {mine} != oracle's {theirs}")
     a, b = torch_result.detach().cpu(), oracle_result.detach().cpu()
-    same = (a == b) | a.isnan() & b.isnan() if a.is_floating_point() else a == b
+    same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
     if not bool(same.all()):
-        index = tuple(int(i) for i in (~same).nonzero()[0])
-        raise AssertionError(
-            f"{path}: {int((~same).sum())} of {a.numel()} values differ; first at {index}: "
-            f"torch {a[index].item()!r}, oracle {b[index].item()!r}"
-        )
+        _raise_first_difference(same, a, b, path, ("torch", "oracle"))
+
+
+def _raise_first_difference(
+    same: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    path: str,
+    labels: tuple[str, str],
+    note: str = "",
+) -> None:
+    """Fail with how many values differ and the first differing pair, by index."""
+    index = tuple(int(i) for i in (~same).nonzero()[0])
+    raise AssertionError(
+        f"{path}: {int((~same).sum())} of {left.numel()} values differ{note}; first at index "
+        f"{index}: {labels[0]} {left[index].item()!r}, {labels[1]} {right[index].item()!r}"
+    )

@@ -25,6 +25,7 @@ from conformance._trees import (
     DTensorSpec,
     TensorSpec,
     full_tensor,
+    placements_for,
     tree_specs,
     world_meshes,
 )
@@ -271,8 +272,6 @@ def broadcast_cases(draw: st.DrawFn, meshes: tuple[str, ...], strict_keys: bool)
         full[name] = TensorSpec(shape, dtype, seed)
         if kind == "dtensor":
             mesh = draw(st.sampled_from(meshes))
-            from conformance._trees import placements_for
-
             local[name] = DTensorSpec(
                 shape,
                 dtype,

@@ -6,7 +6,7 @@ each is a small frozen dataclass so both sides agree on the fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness._spec import WorldSpec
 
@@ -42,7 +42,6 @@ class Ready:
     """Rank → controller: the process group is up."""
 
     rank: int
-    pid: int
 
 
 @dataclass(frozen=True)
@@ -77,9 +76,7 @@ class RankResult:
     rank: int
     status: RankStatus
     longrepr: str = ""
-    duration_s: float = 0.0
     pg_count: int = 0
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection
@@ -101,7 +100,6 @@ class RankLoop:
             launcher="spawn",
         )
         default_dtype = torch.get_default_dtype()
-        start = time.perf_counter()
         with self.capture.during_test():
             try:
                 module = _rank_pytest.import_test_module(
@@ -121,12 +119,10 @@ class RankLoop:
                 )
             finally:
                 torch.set_default_dtype(default_dtype)
-        duration = time.perf_counter() - start
         return msg.RankResult(
             rank=self.init.rank,
             status=status,
             longrepr=text,
-            duration_s=duration,
             pg_count=_reset_between_tests(),
         )
 
@@ -154,7 +150,7 @@ def main() -> None:
     except BaseException:
         conn.send(msg.InitFailed(rank=rank, traceback=traceback.format_exc()))
         raise
-    conn.send(msg.Ready(rank=rank, pid=os.getpid()))
+    conn.send(msg.Ready(rank=rank))
     loop.run_forever()
     import torch.distributed as dist
 
