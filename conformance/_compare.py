@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
 
@@ -58,12 +59,15 @@ def _assert_tensor_equal(
 def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<root>") -> None:
     """Assert the torch build's result and the oracle's are the same, leaf by leaf.
 
-    Same container types and keys in the same order; tensors of the same
-    class, device, dtype, shape and values (NaN equals NaN); DTensors with
+    Same container types (any two dicts alike) and keys in the same order; tensors of the same
+    class, device, dtype, shape and values (NaN equals NaN); ShardedTensors with the same metadata and local shards; DTensors with
     the same mesh and placements and identical local tensors; BytesIO with
     the same bytes; other leaves equal and of the same type.
     """
-    if type(torch_result) is not type(oracle_result):
+    same_kind = type(torch_result) is type(oracle_result) or (
+        isinstance(torch_result, dict) and isinstance(oracle_result, dict)
+    )
+    if not same_kind:
         raise AssertionError(
             f"{path}: torch gave {type(torch_result).__name__}, "
             f"the oracle {type(oracle_result).__name__}"
@@ -82,6 +86,8 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
             )
         for index, (a, b) in enumerate(zip(torch_result, oracle_result, strict=True)):
             assert_trees_identical(a, b, f"{path}[{index}]")
+    elif isinstance(oracle_result, ShardedTensor):
+        _assert_same_sharded_tensor(torch_result, oracle_result, path)
     elif isinstance(oracle_result, DTensor):
         if torch_result.device_mesh != oracle_result.device_mesh:
             raise AssertionError(f"{path}: meshes differ")
@@ -102,6 +108,22 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
             raise AssertionError(f"{path}: BytesIO contents differ")
     elif torch_result != oracle_result:
         raise AssertionError(f"{path}: torch gave {torch_result!r}, the oracle {oracle_result!r}")
+
+
+def _assert_same_sharded_tensor(
+    torch_result: ShardedTensor, oracle_result: ShardedTensor, path: str
+) -> None:
+    """By metadata and local shards: comparing ShardedTensors as tensors needs an accelerator."""
+    if torch_result.metadata() != oracle_result.metadata():
+        raise AssertionError(
+            f"{path}: ShardedTensor metadata {torch_result.metadata()} "
+            f"!= oracle's {oracle_result.metadata()}"
+        )
+    mine, theirs = torch_result.local_shards(), oracle_result.local_shards()
+    if [s.metadata for s in mine] != [s.metadata for s in theirs]:
+        raise AssertionError(f"{path}: local shards' metadata differ")
+    for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        _assert_same_tensor(a.tensor, b.tensor, f"{path}<shard {index}>")
 
 
 def _assert_same_tensor(torch_result: torch.Tensor, oracle_result: torch.Tensor, path: str) -> None:

@@ -346,6 +346,29 @@ def test_wrong_companion_shape_is_refused_by_both(world):
 
 
 @pytest.mark.world(1)
+def test_wrong_companion_dtype_is_refused_by_the_oracle_and_never_garbled_by_torch(world):
+    """Torch's copy may convert silently (``Tensor.copy_`` casts); the oracle refuses.
+
+    Either way the companion must never hold garbage: if torch copies, the
+    values are the source's, cast to the companion's dtype.
+    """
+    copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
+    source = {"a": [torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4]}
+    companion = {"a": [torch.zeros(2, 3, dtype=torch.float64)]}
+    try:
+        copied = copy(source, companion)
+    except (RuntimeError, ValueError):
+        pass
+    else:
+        assert copied["a"][0].dtype == torch.float64
+        assert torch.equal(copied["a"][0], source["a"][0].to(torch.float64))
+    with pytest.raises(
+        ri.CompanionMismatch, match=r"^a\[0\]: torch.float32\[2, 3\] cannot go .*float64"
+    ):
+        ri.copy_state_dict(source, companion)
+
+
+@pytest.mark.world(1)
 def test_unsupported_leaf_with_type_check_is_refused_by_both(world):
     gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
     source = {"opt": {"state": [object()]}}

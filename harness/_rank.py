@@ -64,8 +64,34 @@ def _reset_between_tests() -> int:
     for group in list(c10d._world.pg_map):
         if group is not c10d.GroupMember.WORLD:
             dist.destroy_process_group(group)
+    _clear_dtensor_caches()
     torch.set_grad_enabled(True)
     return dist.get_pg_count()
+
+
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions: they hold the meshes of earlier tests.
+
+    A mesh equal to an earlier test's (same ranks, shape and names) hits those
+    caches and gets back specs on the old mesh, whose groups were destroyed.
+    """
+    import torch
+
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:
+        return
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    cached = [getattr(_redistribute, "_gen_transform_infos", None)]
+    if propagator is not None:
+        cached += [getattr(propagator, name, None) for name in dir(propagator)]
+    for function in cached:
+        clear = getattr(function, "cache_clear", None)
+        if callable(clear):
+            clear()
+    native_clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native_clear is not None:  # the C++ dispatch fast path keeps its own cache
+        native_clear()
 
 
 class RankLoop:

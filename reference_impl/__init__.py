@@ -1,12 +1,25 @@
 """An independent oracle of the semantics of torch's distributed state-dict code.
 
 Modules mirror the upstream modules they model; users import from here.
-``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``.
+``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``;
+``state_dict`` models ``torch/distributed/checkpoint/state_dict.py``.
 """
 
 from __future__ import annotations
 
 from reference_impl._gather import local_piece
+from reference_impl.state_dict import (
+    IncompatibleKeys,
+    StateDictOptions,
+    ensure_optimizer_state,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+    split_optimizer_state_dict,
+)
 from reference_impl.state_dict_utils import (
     CompanionMismatch,
     UnsupportedValue,
@@ -28,20 +41,30 @@ from reference_impl.state_dict_utils import (
 
 __all__ = [
     "CompanionMismatch",
+    "IncompatibleKeys",
+    "StateDictOptions",
     "UnsupportedValue",
     "broadcast_state_dict",
     "check_state_dict_similarity",
     "copy_state_dict",
     "create_cpu_state_dict",
     "distribute_state_dict",
+    "ensure_optimizer_state",
     "flatten_state_dict",
     "format_path",
     "gather_state_dict",
+    "get_model_state_dict",
+    "get_optimizer_state_dict",
+    "get_state_dict",
     "identity",
     "iterate_state_dict",
     "local_piece",
     "offload_state_dict_to_cpu",
     "set_element",
+    "set_model_state_dict",
+    "set_optimizer_state_dict",
+    "set_state_dict",
+    "split_optimizer_state_dict",
     "traverse_state_dict",
     "unflatten_state_dict",
 ]

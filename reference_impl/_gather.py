@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -63,28 +65,67 @@ def _all_gather_bytes(
     return [received[i * longest : i * longest + size] for i, size in enumerate(sizes)]
 
 
-def _even_row_blocks(value: DTensor) -> dist.ProcessGroup | None:
+@dataclass(frozen=True)
+class _MeshFacts:
+    """What a gather needs to know about a mesh: its shape, this rank's place, its groups."""
+
+    shape: tuple[int, ...]
+    coordinate: Coordinate
+    groups: tuple[dist.ProcessGroup | None, ...]  # per mesh dim; None where the dim has size 1
+    positions: tuple[tuple[int, ...], ...]  # per mesh dim: each group member's index on it
+    row_group: dist.ProcessGroup | None  # a 1-D mesh's group when its ranks are in mesh order
+
+
+_facts_by_mesh: dict[int, tuple[weakref.ref[DeviceMesh], _MeshFacts]] = {}
+
+
+def _facts_of(mesh: DeviceMesh) -> _MeshFacts:
+    """``mesh``'s facts, kept while that very mesh object lives.
+
+    Looking groups up costs more than gathering a small tensor, so they are
+    kept; by identity, not equality: an equal mesh built later may stand on
+    newer process groups.
+    """
+    key = id(mesh)
+    known = _facts_by_mesh.get(key)
+    if known is not None and known[0]() is mesh:
+        return known[1]
+    ranks = mesh.mesh
+    coordinate_of = {
+        int(ranks[coord]): coord for coord in itertools.product(*(range(n) for n in ranks.shape))
+    }
+    groups = tuple(mesh.get_group(dim) if n > 1 else None for dim, n in enumerate(ranks.shape))
+    positions = tuple(
+        tuple(coordinate_of[r][dim] for r in dist.get_process_group_ranks(group))
+        if group is not None
+        else (0,)
+        for dim, group in enumerate(groups)
+    )
+    in_order = len(groups) == 1 and positions[0] == tuple(range(ranks.shape[0]))
+    facts = _MeshFacts(
+        shape=tuple(ranks.shape),
+        coordinate=tuple(mesh.get_coordinate() or ()),
+        groups=groups,
+        positions=positions,
+        row_group=groups[0] if in_order else None,
+    )
+    _facts_by_mesh[key] = (weakref.ref(mesh, lambda _: _facts_by_mesh.pop(key, None)), facts)
+    return facts
+
+
+_ROW_SHARDED = (Shard(0),)
+
+
+def _even_row_blocks(value: DTensor, facts: _MeshFacts) -> dist.ProcessGroup | None:
     """The group over which ``value``'s pieces are equal dim-0 blocks in group order, if so.
 
     Then gathering the pieces back to back in group order is the full tensor.
     """
-    mesh = value.device_mesh
-    if mesh.ndim != 1 or tuple(value.placements) != (Shard(0),) or value.numel() == 0:
+    if facts.row_group is None or value.numel() == 0 or value.placements != _ROW_SHARDED:
         return None
-    if value.shape[0] % mesh.size() != 0 or not value.to_local().is_contiguous():
+    if value.shape[0] % facts.shape[0] != 0 or not value.to_local().is_contiguous():
         return None
-    group = mesh.get_group(0)
-    if dist.get_process_group_ranks(group) != mesh.mesh.tolist():
-        return None
-    return group
-
-
-def _mesh_coordinates(mesh_ranks: torch.Tensor) -> dict[int, Coordinate]:
-    """Global rank → mesh coordinate."""
-    return {
-        int(mesh_ranks[coord]): coord
-        for coord in itertools.product(*(range(n) for n in mesh_ranks.shape))
-    }
+    return facts.row_group
 
 
 def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
@@ -95,35 +136,30 @@ def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
     """
     mesh = value.device_mesh
     placements = tuple(value.placements)
-    mesh_shape = tuple(mesh.shape)
     local = value.to_local()
-    device = torch.device(mesh.device_type)
-    if local.device.type != device.type:
-        local = local.to(device)
+    if local.device.type != mesh.device_type:
+        local = local.to(mesh.device_type)
     device = local.device
-    if mesh.size() == 1 or all(isinstance(p, Replicate) for p in placements):
+    if all(isinstance(p, Replicate) for p in placements) or mesh.size() == 1:
         return local  # every rank already holds the whole tensor, as upstream returns it
-    blocks_group = _even_row_blocks(value)
+    facts = _facts_of(mesh)
+    blocks_group = _even_row_blocks(value, facts)
     if blocks_group is not None:
-        full = torch.empty(tuple(value.shape), dtype=value.dtype, device=device)
+        full = torch.empty(value.shape, dtype=value.dtype, device=device)
         _all_gather_into_one(_as_bytes(full), _as_bytes(local), group=blocks_group)
         return full
-    layouts = _all_layouts(tuple(value.shape), mesh_shape, placements)
-    my_coord = tuple(mesh.get_coordinate() or ())
-    expected = layouts[my_coord].shape
+    layouts = _all_layouts(tuple(value.shape), facts.shape, placements)
+    expected = layouts[facts.coordinate].shape
     if tuple(local.shape) != expected:
         raise ValueError(
             f"local shard of shape {tuple(local.shape)} does not match placements "
             f"{placements} of a {tuple(value.shape)} tensor (expected {expected})"
         )
     element = local.element_size()
-    pieces: dict[Coordinate, torch.Tensor] = {my_coord: _as_bytes(local)}
-    coordinate_of = _mesh_coordinates(mesh.mesh)
-    for dim, size in enumerate(mesh_shape):
-        if size == 1:
+    pieces: dict[Coordinate, torch.Tensor] = {facts.coordinate: _as_bytes(local)}
+    for dim, group in enumerate(facts.groups):
+        if group is None:
             continue
-        group = mesh.get_group(dim)
-        members = [coordinate_of[r][dim] for r in dist.get_process_group_ranks(group)]
         mine = sorted(pieces)
 
         def held_by(
@@ -131,6 +167,7 @@ def full_tensor_of_dtensor(value: DTensor) -> torch.Tensor:
         ) -> list[Coordinate]:
             return [(*key[:dim], position, *key[dim + 1 :]) for key in mine]
 
+        members = facts.positions[dim]
         sizes = [sum(layouts[k].numel for k in held_by(p)) * element for p in members]
         payload = pieces[mine[0]] if len(mine) == 1 else torch.cat([pieces[k] for k in mine])
         for position, buffer in zip(members, _all_gather_bytes(payload, sizes, group), strict=True):

@@ -1,0 +1,142 @@
+"""The parallelisms of the matrix: how each wraps a model, and at which world sizes it exists.
+
+Every wrapper takes a freshly seeded ``MLPWithBuffers`` (``fc1``, ``fc2``)
+and the rank's world context, and returns the parallelised model. Each is a
+cell a user can name in a test id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+Wrap = Callable[[nn.Module, Any], nn.Module]
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """A named way to parallelise the model; ``sizes`` are the world sizes it runs at.
+
+    ``exact``: its full state dicts equal the single-process ones bit for bit
+    (data parallelism averages identical gradients); tensor parallelism sums
+    partial products in another order, so it is compared within tolerances.
+    """
+
+    name: str
+    wrap: Wrap
+    sizes: tuple[int, ...]
+    exact: bool = True
+    fsdp1: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.sizes or any(size < 1 for size in self.sizes):
+            raise ValueError(f"{self.name}: world sizes must be positive, got {self.sizes}")
+
+    def supports(self, world_size: int) -> bool:
+        return world_size in self.sizes
+
+
+def _ddp(model: nn.Module, world: Any) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
+    def wrap(model: nn.Module, world: Any) -> nn.Module:
+        import warnings
+
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        hybrid = strategy == "HYBRID_SHARD"
+        options: dict[str, Any] = {
+            "device_id": world.device,
+            "use_orig_params": use_orig_params,
+            "sharding_strategy": ShardingStrategy[strategy],
+        }
+        mesh = _hybrid_mesh(world) if hybrid else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD is deprecated
+            if nested:
+                for name in ("fc1", "fc2"):
+                    layer = FullyShardedDataParallel(
+                        getattr(model, name), device_mesh=mesh, **options
+                    )
+                    setattr(model, name, layer)
+            return FullyShardedDataParallel(model, device_mesh=mesh, **options)
+
+    return wrap
+
+
+def _hybrid_mesh(world: Any) -> Any:
+    """Replicas of two-rank shard groups (or one rank's group at world size 2 × 1 replica)."""
+    shard = 2 if world.size >= 2 else 1
+    return world.mesh((world.size // shard, shard), ("replicate", "shard"))
+
+
+def _fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
+    def wrap(model: nn.Module, world: Any) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
+        for layer in (model.fc1, model.fc2):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        return model
+
+    return wrap
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {
+        "fc1": ColwiseParallel(output_layouts=Replicate()),
+        "fc2": RowwiseParallel(input_layouts=Replicate()),
+    }
+    return parallelize_module(model, mesh, plan)
+
+
+def _tp(model: nn.Module, world: Any) -> nn.Module:
+    return _tensor_parallel(model, world.mesh(world.size, ("tp",)))
+
+
+def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
+    model = _tensor_parallel(model, mesh["tp"])
+    for layer in (model.fc1, model.fc2):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def _catalogue() -> dict[str, Parallelism]:
+    cells = [
+        Parallelism("ddp", _ddp, (1, 2, 4)),
+        Parallelism("fsdp2", _fsdp2(reshard_after_forward=True), (1, 2, 4)),
+        Parallelism("fsdp2_keep_unsharded", _fsdp2(reshard_after_forward=False), (2, 4)),
+        Parallelism("hsdp2", _fsdp2(True, hybrid=True), (4,)),
+        Parallelism("tp", _tp, (2, 4), exact=False),
+        Parallelism("fsdp2_tp", _fsdp2_tp, (4,), exact=False),
+    ]
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"):
+        for orig in (True, False):
+            for nested in (False, True):
+                name = f"fsdp1_{strategy.lower()}_{'orig' if orig else 'flat'}"
+                name += "_nested" if nested else ""
+                sizes = (4,) if strategy == "HYBRID_SHARD" else (2, 4)
+                cells.append(Parallelism(name, _fsdp1(strategy, orig, nested), sizes, fsdp1=True))
+    return {cell.name: cell for cell in cells}
+
+
+PARALLELISMS = _catalogue()

@@ -1,0 +1,144 @@
+"""Oracle agreement and round trips of ``get_*``/``set_*`` state dict, across the parallelisms.
+
+For each parallelism and set of options, the torch build's
+``torch.distributed.checkpoint.state_dict`` and the oracle's
+``reference_impl.state_dict`` run on the same model instance and must give
+identical results: keys, types, placements, local shards, values.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+import reference_impl as ri
+from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._models import seeded_mlp, train
+from conformance._parallelisms import PARALLELISMS, Parallelism
+from conformance._upstream import upstream
+
+DSD = "torch.distributed.checkpoint.state_dict"
+OPTION_SETS: dict[str, dict[str, bool]] = {
+    "sharded": {},
+    "offload": {"cpu_offload": True},
+    "full": {"full_state_dict": True},
+    "full_offload": {"full_state_dict": True, "cpu_offload": True},
+    "flat_optim": {"flatten_optimizer_state_dict": True},
+    "no_frozen": {"ignore_frozen_params": True},
+}
+
+
+def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
+    if not parallelism.supports(world.size):
+        pytest.skip(f"{parallelism.name} runs at world sizes {parallelism.sizes}")
+    model = parallelism.wrap(seeded_mlp(), world)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    train(model, optimizer, steps=2)
+    return model, optimizer
+
+
+def both_options(options: dict[str, bool]) -> tuple[Any, ri.StateDictOptions]:
+    theirs = upstream(DSD, "StateDictOptions")(**options)
+    return theirs, ri.StateDictOptions(**options)
+
+
+def _get_cells() -> list[tuple[str, str]]:
+    """Every parallelism × option set, except FSDP1 with full offloaded state dicts.
+
+    Those crash torch 2.13 (segfault, or an error on rank 0 that leaves the
+    others waiting); ``test_known_failures`` holds them at two cells, so the
+    gate reports them without paying a hang in every FSDP1 cell.
+    """
+    return [
+        (name, options)
+        for name in sorted(PARALLELISMS)
+        for options in sorted(OPTION_SETS)
+        if not (PARALLELISMS[name].fsdp1 and options == "full_offload")
+    ]
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize(("name", "options"), _get_cells())
+def test_get_state_dict_matches_the_oracle(world, name, options):
+    model, optimizer = build(PARALLELISMS[name], world)
+    theirs, ours = both_options(OPTION_SETS[options])
+    get_model = upstream(DSD, "get_model_state_dict")
+    get_optimizer = upstream(DSD, "get_optimizer_state_dict")
+    assert_trees_identical(
+        get_model(model, options=theirs), ri.get_model_state_dict(model, options=ours)
+    )
+    assert_trees_identical(
+        get_optimizer(model, optimizer, options=theirs),
+        ri.get_optimizer_state_dict(model, optimizer, options=ours),
+    )
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize("options", ["sharded", "full"])
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_set_state_dict_matches_the_oracle(world, name, options):
+    """Load the same state dict into two fresh models, by torch and by the oracle."""
+    source, source_optimizer = build(PARALLELISMS[name], world)
+    theirs, ours = both_options(OPTION_SETS[options])
+    model_state = ri.get_model_state_dict(source, options=ours)
+    optim_state = ri.get_optimizer_state_dict(source, source_optimizer, options=ours)
+    results = []
+    for loader, options_used in (
+        (upstream(DSD, "set_state_dict"), theirs),
+        (ri.set_state_dict, ours),
+    ):
+        model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        keys = loader(  # copies: torch's loader rewrites the dicts it is given
+            model,
+            optimizer,
+            model_state_dict=copy.deepcopy(model_state),
+            optim_state_dict=copy.deepcopy(optim_state),
+            options=options_used,
+        )
+        results.append(
+            (
+                (sorted(keys.missing_keys), sorted(keys.unexpected_keys)),
+                ri.get_model_state_dict(model, options=ours),
+                ri.get_optimizer_state_dict(model, optimizer, options=ours),
+            )
+        )
+    assert_trees_identical(results[0], results[1])
+    assert_trees_identical(results[1][1], model_state)
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_get_set_get_is_the_identity(world, name):
+    """Save, train on, load what was saved: the model and optimizer are back where they were."""
+    model, optimizer = build(PARALLELISMS[name], world)
+    get_state, set_state = upstream(DSD, "get_state_dict"), upstream(DSD, "set_state_dict")
+    model_state, optim_state = copy.deepcopy(get_state(model, optimizer))
+    full = ri.StateDictOptions(full_state_dict=True)
+    expected = copy.deepcopy(ri.get_state_dict(model, optimizer, options=full))
+    train(model, optimizer, steps=1)
+    set_state(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+    actual = ri.get_state_dict(model, optimizer, options=full)
+    assert_state_dict_equal(actual[0], expected[0])
+    assert_state_dict_equal(actual[1]["state"], expected[1]["state"])
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("options", ["sharded", "full"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options):
+    """Loading reads the given dicts; keys and values stay as the caller made them."""
+    model, optimizer = build(PARALLELISMS[name], world)
+    theirs, ours = both_options(OPTION_SETS[options])
+    model_state = ri.get_model_state_dict(model, options=ours)
+    optim_state = ri.get_optimizer_state_dict(model, optimizer, options=ours)
+    given_model, given_optim = copy.deepcopy(model_state), copy.deepcopy(optim_state)
+    upstream(DSD, "set_state_dict")(
+        model, optimizer, model_state_dict=given_model, optim_state_dict=given_optim, options=theirs
+    )
+    assert_trees_identical(given_model, model_state)
+    assert_trees_identical(given_optim, optim_state)
