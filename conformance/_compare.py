@@ -59,10 +59,11 @@ def _assert_tensor_equal(
 def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<root>") -> None:
     """Assert the torch build's result and the oracle's are the same, leaf by leaf.
 
-    Same container types (any two dicts alike) and keys in the same order; tensors of the same
-    class, device, dtype, shape and values (NaN equals NaN); ShardedTensors with the same metadata and local shards; DTensors with
-    the same mesh and placements and identical local tensors; BytesIO with
-    the same bytes; other leaves equal and of the same type.
+    Same container types (any two dicts alike) and keys in the same order;
+    tensors of the same class, device, dtype, shape and values (NaN equals
+    NaN); ShardedTensors with the same metadata and local shards; DTensors
+    with the same mesh and placements and identical local tensors; BytesIO
+    with the same bytes; other leaves equal and of the same type.
     """
     same_kind = type(torch_result) is type(oracle_result) or (
         isinstance(torch_result, dict) and isinstance(oracle_result, dict)

@@ -72,9 +72,8 @@ def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
 
 
 def _hybrid_mesh(world: Any) -> Any:
-    """Replicas of two-rank shard groups (or one rank's group at world size 2 × 1 replica)."""
-    shard = 2 if world.size >= 2 else 1
-    return world.mesh((world.size // shard, shard), ("replicate", "shard"))
+    """Replicas of two-rank shard groups: a (size / 2, 2) mesh of replicate and shard dims."""
+    return world.mesh((world.size // 2, 2), ("replicate", "shard"))
 
 
 def _fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:

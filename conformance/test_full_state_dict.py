@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from conformance._compare import assert_state_dict_equal
-from conformance._models import seeded_mlp, train
+from conformance._models import ground_truth, seeded_mlp, train
 
 FULL = StateDictOptions(full_state_dict=True)
 
@@ -52,16 +52,6 @@ PARALLELISMS: dict[str, Callable[[nn.Module, Any], nn.Module]] = {
     "fsdp1": wrap_fsdp1,
     "fsdp2": wrap_fsdp2,
 }
-
-
-def ground_truth(steps: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The single-process model's state dict and its FQN-keyed optimizer state."""
-    model = seeded_mlp()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    train(model, optimizer, steps)
-    names = {param: name for name, param in model.named_parameters()}
-    state = {names[param]: dict(values) for param, values in optimizer.state.items()}
-    return model.state_dict(), state
 
 
 @pytest.mark.world(1, 2, 4)

@@ -47,7 +47,7 @@ def both_options(options: dict[str, bool]) -> tuple[Any, ri.StateDictOptions]:
 
 
 def _get_cells() -> list[tuple[str, str]]:
-    """Every parallelism × option set, except FSDP1 with full offloaded state dicts.
+    """Every pair of parallelism and option set, except FSDP1 with full offloaded state dicts.
 
     Those crash torch 2.13 (segfault, or an error on rank 0 that leaves the
     others waiting); ``test_known_failures`` holds them at two cells, so the

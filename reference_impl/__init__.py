@@ -8,6 +8,10 @@ Modules mirror the upstream modules they model; users import from here.
 from __future__ import annotations
 
 from reference_impl._gather import local_piece
+from reference_impl._optim_flat import (
+    flatten_optimizer_state_dict,
+    unflatten_optimizer_state_dict,
+)
 from reference_impl.state_dict import (
     IncompatibleKeys,
     StateDictOptions,
@@ -50,6 +54,7 @@ __all__ = [
     "create_cpu_state_dict",
     "distribute_state_dict",
     "ensure_optimizer_state",
+    "flatten_optimizer_state_dict",
     "flatten_state_dict",
     "format_path",
     "gather_state_dict",
@@ -66,5 +71,6 @@ __all__ = [
     "set_state_dict",
     "split_optimizer_state_dict",
     "traverse_state_dict",
+    "unflatten_optimizer_state_dict",
     "unflatten_state_dict",
 ]

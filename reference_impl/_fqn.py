@@ -116,9 +116,7 @@ class ModelNames:
 
 def _state_key(parameter_name: str) -> str:
     """The state-dict key of a ``named_parameters`` name: wrapper segments stripped by hooks go."""
-    return ".".join(
-        part for part in parameter_name.split(".") if part not in _STRIPPED_SEGMENTS
-    )
+    return ".".join(part for part in parameter_name.split(".") if part not in _STRIPPED_SEGMENTS)
 
 
 _STRIPPED_SEGMENTS = frozenset(_STRIPPED_FROM_KEYS.values())
@@ -129,7 +127,9 @@ def _walk(
 ) -> Iterator[Entry]:
     """Children first, then buffers, parameters and extra state, as upstream orders them."""
     visited.add(module)
-    hidden = set(getattr(module, fqn_modifiers)().values()) if hasattr(module, fqn_modifiers) else set()
+    hidden = (
+        set(getattr(module, fqn_modifiers)().values()) if hasattr(module, fqn_modifiers) else set()
+    )
     kept = _wrapper_segment(module, _KEPT_IN_KEYS)
     stripped = _wrapper_segment(module, _STRIPPED_FROM_KEYS)
     for name, child in module.named_children():
@@ -156,5 +156,5 @@ def _walk(
 
 
 def _flat_parameter_fqns(param: torch.Tensor) -> list[str] | None:
-    """The FQNs (relative to the module it is registered on) of an FSDP1 flat parameter's originals."""
+    """The original parameters' FQNs (relative to its module) an FSDP1 flat parameter holds."""
     return list(param._fqns) if isinstance(param, FlatParameter) else None

@@ -86,9 +86,7 @@ def _options(options: StateDictOptions | None) -> StateDictOptions:
 
 
 def _optimizers(optimizers: Optimizers) -> tuple[torch.optim.Optimizer, ...]:
-    found = (
-        (optimizers,) if isinstance(optimizers, torch.optim.Optimizer) else tuple(optimizers)
-    )
+    found = (optimizers,) if isinstance(optimizers, torch.optim.Optimizer) else tuple(optimizers)
     if not found:
         raise RuntimeError("no optimizer given for an optimizer state dict")
     return found
@@ -166,7 +164,10 @@ def _fsdp1_group(model: nn.Module) -> dist.ProcessGroup | None:
     """The group FSDP1's optimizer conversions run over: None (default) for hybrid sharding."""
     root = next(m for m in model.modules() if isinstance(m, FullyShardedDataParallel))
     group = root.process_group
-    hybrid = root.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    hybrid = root.sharding_strategy in (
+        ShardingStrategy.HYBRID_SHARD,
+        ShardingStrategy._HYBRID_SHARD_ZERO2,
+    )
     return None if hybrid or isinstance(group, tuple) else group
 
 
@@ -361,9 +362,7 @@ def _fqn_keyed(optimizer: torch.optim.Optimizer, names: ModelNames) -> StateDict
     }
 
 
-def _fsdp1_fqn_keyed(
-    model: nn.Module, optimizer: torch.optim.Optimizer, full: bool
-) -> StateDict:
+def _fsdp1_fqn_keyed(model: nn.Module, optimizer: torch.optim.Optimizer, full: bool) -> StateDict:
     with _fsdp1_state_dict_type(model, full=full):
         converted: StateDict = FullyShardedDataParallel.optim_state_dict(
             model, optimizer, group=_fsdp1_group(model)
@@ -438,9 +437,7 @@ def split_optimizer_state_dict(
     groups: list[StateDict] = []
     for group in optimizer.param_groups:
         fqns = [
-            fqn
-            for param in group[PARAMS]
-            for fqn in _named_in(names.fqns_of(param), saved_fqns)
+            fqn for param in group[PARAMS] for fqn in _named_in(names.fqns_of(param), saved_fqns)
         ]
         source = _saved_group_of(fqns, saved_groups, optimizer)
         groups.append({**{k: v for k, v in source.items() if k != PARAMS}, PARAMS: fqns})

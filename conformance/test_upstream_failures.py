@@ -1,0 +1,282 @@
+"""Failures upstream state-dict code has had, or torch 2.13 has: each passes on a correct build.
+
+Each test states the correct behaviour and names the upstream issue. Where
+the torch under test still fails, its manifest lists the test with the
+reason; a crash or hang is cut by the harness's deadline and reported with
+every rank's stack.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+
+from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._models import ground_truth, seeded_mlp, seeded_tied, train, train_tied
+from conformance._parallelisms import PARALLELISMS
+
+FULL = StateDictOptions(full_state_dict=True)
+HANG_DEADLINE_S = 30  # a correct build takes well under a second here
+
+
+def _wrapped(name: str, world: Any) -> torch.nn.Module:
+    return PARALLELISMS[name].wrap(seeded_mlp(), world)
+
+
+def _adam(model: torch.nn.Module) -> torch.optim.Adam:
+    return torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+# ----- torch 2.13.0's own failures (TORCH-2.13-CPU-FACTS, "Real divergences") ------------
+
+
+@pytest.mark.world(2, timeout=HANG_DEADLINE_S)
+@pytest.mark.parametrize("params", ["orig", "flat"])
+def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
+    """pytorch#188989: rank 0 gets the full CPU state dict, the other ranks an empty one."""
+    model = _wrapped(f"fsdp1_full_shard_{params}", world)
+    expected, _ = ground_truth(steps=0)
+    actual = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if world.rank == 0:
+        assert_state_dict_equal(actual, expected)
+    else:
+        assert actual == {}
+
+
+@pytest.mark.world(2, timeout=HANG_DEADLINE_S)
+def test_broadcast_from_rank0_with_empty_dicts_on_other_ranks(world):
+    """pytorch#157781: ranks other than 0 pass ``{}`` for both dicts and still load the model."""
+    source = _wrapped("fsdp2", world)
+    source_optimizer = _adam(source)
+    train(source, source_optimizer, steps=2)
+    model_state, optim_state = get_state_dict(source, source_optimizer, options=FULL)
+    model = _wrapped("fsdp2", world)
+    optimizer = _adam(model)
+    given = (model_state, optim_state) if world.rank == 0 else ({}, {})
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=given[0],
+        optim_state_dict=given[1],
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    expected, _ = ground_truth(steps=2)
+    assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
+
+
+@pytest.mark.world(2)
+def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(world):
+    """HYBRID_SHARD on a (N, 1) mesh: replicas of one rank each, optimizer state still exact."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    mesh = world.mesh((world.size, 1), ("replicate", "shard"))
+    model = FullyShardedDataParallel(
+        seeded_mlp(),
+        device_mesh=mesh,
+        device_id=world.device,
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        use_orig_params=True,
+    )
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    _, expected_state = ground_truth(steps=2)
+    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(actual["state"], expected_state)
+
+
+@pytest.mark.world(2)
+def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
+    """``rekey_optim_state_dict(PARAM_ID)`` gives a state dict the optimizer loads as it is."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    model = _wrapped("fsdp1_full_shard_flat", world)
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        full = FullyShardedDataParallel.full_optim_state_dict(model, optimizer, rank0_only=False)
+        rekeyed = FullyShardedDataParallel.rekey_optim_state_dict(
+            full, OptimStateKeyType.PARAM_ID, model
+        )
+    assert sorted(rekeyed["state"]) == list(range(len(rekeyed["state"])))
+
+
+@pytest.mark.world(2)
+def test_comparing_sharded_tensors_with_torch_equal(world):
+    """``torch.equal`` on two CPU ShardedTensors (an FSDP1 sharded state dict) says True."""
+    model = _wrapped("fsdp1_full_shard_orig", world)
+    state = get_model_state_dict(model)
+    weight = state["fc1.weight"]
+    assert torch.equal(weight, copy.deepcopy(weight))
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("name", ["ddp", "fsdp2", "fsdp1_full_shard_orig"])
+def test_frozen_parameters_keep_their_optimizer_state_on_load(world, name):
+    """pytorch#192202: the state a frozen parameter had is loaded back, not dropped."""
+    model = _wrapped(name, world)
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    _freeze_fc1_weight(model)
+    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    fresh = _wrapped(name, world)
+    _freeze_fc1_weight(fresh)
+    fresh_optimizer = _adam(fresh)
+    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=FULL)
+    loaded = get_optimizer_state_dict(fresh, fresh_optimizer, options=FULL)
+    assert_state_dict_equal(loaded["state"], saved["state"])
+
+
+def _freeze_fc1_weight(model: torch.nn.Module) -> None:
+    for name, param in model.named_parameters():
+        if name.endswith("fc1.weight"):
+            param.requires_grad_(False)
+
+
+# ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
+
+
+@pytest.mark.world(4)
+def test_full_load_of_uneven_fsdp2_tp_tensors(world):
+    """pytorch#136228: full state dicts of uneven tensors load into FSDP2+TP (``_StridedShard``)."""
+    source = _wrapped("fsdp2_tp", world)
+    source_optimizer = _adam(source)
+    train(source, source_optimizer, steps=2)
+    model_state, optim_state = copy.deepcopy(get_state_dict(source, source_optimizer, options=FULL))
+    model = _wrapped("fsdp2_tp", world)
+    optimizer = _adam(model)
+    set_state_dict(
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=FULL
+    )
+    loaded_model, loaded_optim = get_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(loaded_model, model_state)
+    assert_state_dict_equal(loaded_optim["state"], optim_state["state"])
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_shared_parameters_in_set_optimizer_state_dict(world, name):
+    """pytorch#128011: a tied parameter's state loads through whichever FQN names it."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        if name == "ddp":
+            return DistributedDataParallel(model)
+        return fully_shard(model, mesh=world.mesh(world.size, ("dp",)))
+
+    model = wrap(seeded_tied())
+    optimizer = _adam(model)
+    train_tied(model, optimizer, steps=2)
+    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    fresh = wrap(seeded_tied())
+    fresh_optimizer = _adam(fresh)
+    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=FULL)
+    loaded = get_optimizer_state_dict(fresh, fresh_optimizer, options=FULL)
+    assert_state_dict_equal(loaded["state"], saved["state"])
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_flattened_round_trip_with_stateless_sgd(world, name):
+    """pytorch#192225: SGD without momentum keeps no state; flattened save and load still work."""
+    model = _wrapped(name, world)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, optimizer, steps=2)
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    saved = get_optimizer_state_dict(model, optimizer, options=flat)
+    fresh = _wrapped(name, world)
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.5)
+    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=flat)
+    assert [g["lr"] for g in fresh_optimizer.param_groups] == [0.1]
+    assert_trees_identical(get_optimizer_state_dict(fresh, fresh_optimizer, options=flat), saved)
+
+
+@pytest.mark.world(2)
+def test_compiled_model_keys_before_and_after_set(world):
+    """pytorch#158519: a compiled model's keys carry no ``_orig_mod.``, before and after a load."""
+    model = torch.compile(_wrapped("fsdp2", world), backend="eager")
+    optimizer = _adam(model)
+    train(model, optimizer, steps=1)
+    before = get_model_state_dict(model)
+    expected_keys = list(ground_truth(steps=0)[0])
+    assert sorted(before) == sorted(expected_keys)
+    set_model_state_dict(model, copy.deepcopy(before))
+    assert sorted(get_model_state_dict(model)) == sorted(expected_keys)
+
+
+@pytest.mark.world(2)
+def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(world):
+    """pytorch#124546: FSDP1 without orig params plus checkpoint wrappers: canonical FQNs."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = FullyShardedDataParallel(seeded_mlp(), device_id=world.device, use_orig_params=False)
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, torch.nn.Linear))
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    expected, expected_state = ground_truth(steps=2)
+    assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
+    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(actual["state"], expected_state)
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize("name", ["hsdp2", "fsdp1_hybrid_shard_orig"])
+def test_hsdp_set_optimizer_state_dict(world, name):
+    """pytorch#128444: HSDP loads its optimizer state back exactly."""
+    model = _wrapped(name, world)
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer))
+    expected = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    train(model, optimizer, steps=1)
+    set_optimizer_state_dict(model, optimizer, saved)
+    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(actual["state"], expected["state"])
+
+
+@pytest.mark.world(2)
+def test_fsdp2_optimizer_state_is_dtensor_in_sharded_state_dicts(world):
+    """PR #128004: ``exp_avg`` of a sharded parameter is a DTensor like the parameter."""
+    from torch.distributed.tensor import DTensor
+
+    model = _wrapped("fsdp2", world)
+    optimizer = _adam(model)
+    train(model, optimizer, steps=1)
+    state = get_optimizer_state_dict(model, optimizer)["state"]
+    for fqn, entries in state.items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert isinstance(entries[name], DTensor), f"{fqn}.{name}: {type(entries[name])}"
+
+
+@pytest.mark.world(1)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CPU tensors under NCCL")
+def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
+    """pytorch#138842: a CPU model loads a full state dict broadcast over NCCL."""
+    if world.backend != "nccl":
+        pytest.skip("needs the nccl backend (run with --backend nccl)")
+    model = seeded_mlp()  # stays on the CPU; the group only moves CUDA tensors
+    expected, _ = ground_truth(steps=0)
+    zeros = {k: torch.zeros_like(v) for k, v in expected.items()}
+    model.load_state_dict(zeros)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, expected if world.rank == 0 else {}, options=options)
+    assert_state_dict_equal(model.state_dict(), expected)
