@@ -1,4 +1,4 @@
-"""The oracle's get/set state dict on its own, in one process: names, options, optimizers, errors."""
+"""The oracle's get/set state dict alone, in one process: names, options, optimizers, errors."""
 
 from __future__ import annotations
 
