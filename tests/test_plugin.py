@@ -25,6 +25,8 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
         "test_mesh_2d[w4]",
         "test_subgroups_of_earlier_tests_are_gone[w2]",
         "test_subgroups_of_earlier_tests_are_gone[w4]",
+        "test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests[w4-1]",
+        "test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests[w4-2]",
         "test_plain",
     ],
 )

@@ -63,6 +63,20 @@ def test_subgroups_of_earlier_tests_are_gone(world):
     assert list(c10d._world.pg_map) == [c10d.GroupMember.WORLD]
 
 
+@pytest.mark.world(4)
+@pytest.mark.parametrize("round", [1, 2])
+def test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests(world, round):
+    """DTensor caches sharding by mesh equality; round 2 must not get round 1's mesh."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = world.mesh((2, 2), ("dp", "tp"))
+    local = distribute_tensor(torch.arange(12.0).reshape(6, 2), mesh, [Shard(0), Shard(1)])
+    assert torch.equal(
+        (local * 2).redistribute(mesh, [Replicate(), Replicate()]).to_local(),
+        torch.arange(12.0).reshape(6, 2) * 2,
+    )
+
+
 @pytest.mark.world(2)
 @pytest.mark.xfail(reason="a known divergence", strict=True)
 def test_xfail_on_one_rank(world):
