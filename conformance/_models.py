@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,11 +40,18 @@ def batch(step: int) -> torch.Tensor:
     return torch.randn(8, 7, generator=generator)
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
     for step in range(steps):
         optimizer.zero_grad()
         model(batch(step)).pow(2).mean().backward()
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
 
 
 class TiedEmbedding(nn.Module):
@@ -72,11 +80,29 @@ def train_tied(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -
         optimizer.step()
 
 
-def ground_truth(steps: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The single-process model's state dict and its FQN-keyed optimizer state."""
+@dataclass(frozen=True)
+class GroundTruth:
+    """The single-process model after training: its state dict and FQN-keyed optimizer state."""
+
+    model: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict[str, Any]]
+    param_groups: list[dict[str, Any]]  # hyper-parameters, with FQN lists as "params"
+
+
+def ground_truth(steps: int, recipe: Any = None) -> GroundTruth:
+    """Train the seeded MLP alone with ``recipe`` (default: Adam, lr 0.01) for ``steps``."""
     model = seeded_mlp()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    train(model, optimizer, steps)
+    if recipe is None:
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        scheduler = None
+    else:
+        optimizer, scheduler = recipe.build(model)
+    train(model, optimizer, steps, scheduler)
     names = {param: name for name, param in model.named_parameters()}
-    state = {names[param]: dict(values) for param, values in optimizer.state.items()}
-    return model.state_dict(), state
+    return GroundTruth(
+        model=model.state_dict(),
+        optimizer_state={names[p]: dict(values) for p, values in optimizer.state.items()},
+        param_groups=[
+            {**g, "params": [names[p] for p in g["params"]]} for g in optimizer.param_groups
+        ],
+    )

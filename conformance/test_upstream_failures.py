@@ -48,7 +48,7 @@ def _adam(model: torch.nn.Module) -> torch.optim.Adam:
 def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
     """pytorch#188989: rank 0 gets the full CPU state dict, the other ranks an empty one."""
     model = _wrapped(f"fsdp1_full_shard_{params}", world)
-    expected, _ = ground_truth(steps=0)
+    expected = ground_truth(steps=0).model
     actual = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -75,7 +75,7 @@ def test_broadcast_from_rank0_with_empty_dicts_on_other_ranks(world):
         optim_state_dict=given[1],
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
-    expected, _ = ground_truth(steps=2)
+    expected = ground_truth(steps=2).model
     assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
 
 
@@ -94,7 +94,7 @@ def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(wor
     )
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
-    _, expected_state = ground_truth(steps=2)
+    expected_state = ground_truth(steps=2).optimizer_state
     actual = get_optimizer_state_dict(model, optimizer, options=FULL)
     assert_state_dict_equal(actual["state"], expected_state)
 
@@ -214,7 +214,7 @@ def test_compiled_model_keys_before_and_after_set(world):
     optimizer = _adam(model)
     train(model, optimizer, steps=1)
     before = get_model_state_dict(model)
-    expected_keys = list(ground_truth(steps=0)[0])
+    expected_keys = list(ground_truth(steps=0).model)
     assert sorted(before) == sorted(expected_keys)
     set_model_state_dict(model, copy.deepcopy(before))
     assert sorted(get_model_state_dict(model)) == sorted(expected_keys)
@@ -232,7 +232,8 @@ def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(wor
     apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, torch.nn.Linear))
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
-    expected, expected_state = ground_truth(steps=2)
+    truth = ground_truth(steps=2)
+    expected, expected_state = truth.model, truth.optimizer_state
     assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
     actual = get_optimizer_state_dict(model, optimizer, options=FULL)
     assert_state_dict_equal(actual["state"], expected_state)
@@ -274,7 +275,7 @@ def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
     if world.backend != "nccl":
         pytest.skip("needs the nccl backend (run with --backend nccl)")
     model = seeded_mlp()  # stays on the CPU; the group only moves CUDA tensors
-    expected, _ = ground_truth(steps=0)
+    expected = ground_truth(steps=0).model
     zeros = {k: torch.zeros_like(v) for k, v in expected.items()}
     model.load_state_dict(zeros)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -71,7 +71,7 @@ def unflatten_optimizer_state_dict(
             for fqn in _saved_names(fqns_of(param), hyper, flat):
                 fqns.append(fqn)
                 entries = _entries_of(flat, fqn, optimizer.state.get(param, {}), strict)
-                if entries or param.requires_grad:
+                if entries:  # as in the nested form: a parameter without state has no entry
                     state[fqn] = entries
         groups.append({**_saved_hyper_parameters(flat, fqns, hyper), PARAMS: fqns})
     return {STATE: state, PARAM_GROUPS: groups}

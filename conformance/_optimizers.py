@@ -1,0 +1,68 @@
+"""The optimizers of the matrix: how each is built on a (possibly wrapped) MLP.
+
+Param groups are chosen by canonical layer name (``fc1``/``fc2``), so the
+same recipe gives the same groups on the single-process model and on every
+parallelism whose optimizer sees per-layer parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+Scheduler = torch.optim.lr_scheduler.LRScheduler
+Build = Callable[[nn.Module], tuple[torch.optim.Optimizer, Scheduler | None]]
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """A named optimizer set-up; ``per_layer_groups`` needs parameters that are whole layers.
+
+    FSDP1 without ``use_orig_params`` hands the optimizer flat parameters that
+    span layers, so recipes with per-layer groups do not apply to it.
+    """
+
+    name: str
+    build: Build
+    per_layer_groups: bool = False
+
+
+def _layer(model: nn.Module, layer: str) -> list[nn.Parameter]:
+    return [p for name, p in model.named_parameters() if f"{layer}." in f".{name}"]
+
+
+def _plain(factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> Build:
+    def build(model: nn.Module) -> tuple[torch.optim.Optimizer, Scheduler | None]:
+        return factory(list(model.parameters())), None
+
+    return build
+
+
+def _groups(model: nn.Module) -> tuple[torch.optim.Optimizer, Scheduler | None]:
+    groups = [
+        {"params": _layer(model, "fc1"), "lr": 0.01},
+        {"params": [], "lr": 0.5},  # an empty group must survive every round trip
+        {"params": _layer(model, "fc2"), "lr": 0.02, "betas": (0.8, 0.99)},
+    ]
+    return torch.optim.Adam(groups), None
+
+
+def _scheduled(model: nn.Module) -> tuple[torch.optim.Optimizer, Scheduler | None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.1)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+OPTIMIZERS: dict[str, OptimizerRecipe] = {
+    recipe.name: recipe
+    for recipe in (
+        OptimizerRecipe("sgd", _plain(lambda p: torch.optim.SGD(p, lr=0.1))),
+        OptimizerRecipe("sgd_momentum", _plain(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))),
+        OptimizerRecipe("adam", _plain(lambda p: torch.optim.Adam(p, lr=0.01))),
+        OptimizerRecipe("adamw", _plain(lambda p: torch.optim.AdamW(p, lr=0.01))),
+        OptimizerRecipe("adam_groups", _groups, per_layer_groups=True),
+        OptimizerRecipe("adamw_step_lr", _scheduled),
+    )
+}
