@@ -30,7 +30,7 @@ TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
 
 
 def _cells() -> list[tuple[str, str]]:
-    """Every parallelism with every optimizer, without per-layer groups where parameters span layers."""
+    """Each parallelism with each optimizer; no per-layer groups where parameters span layers."""
     return [
         (name, recipe)
         for name, cell in sorted(PARALLELISMS.items())
