@@ -42,7 +42,7 @@ class Parallelism:
 def _ddp(model: nn.Module, world: Any) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model)
+    return DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
 
 
 def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:

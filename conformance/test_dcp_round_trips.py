@@ -1,0 +1,135 @@
+"""Round trips through ``torch.distributed.checkpoint``: save, load, reshard, train on.
+
+A checkpoint saved under one parallelism and world size loads under another
+and every value survives; after a load, training goes on exactly as if the
+model had never been saved.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from conformance._compare import assert_state_dict_equal
+from conformance._models import seeded_mlp, train
+from conformance._parallelisms import PARALLELISMS, Parallelism
+from conformance._subworld import SubWorld
+
+FULL = StateDictOptions(full_state_dict=True)
+
+
+def _tolerance(*cells: Parallelism) -> dict[str, float]:
+    """Exact between data-parallel cells; TP sums in another order (see test_full_state_dict)."""
+    return {} if all(cell.exact for cell in cells) else {"rtol": 1e-5, "atol": 1e-7}
+
+
+def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = seeded_mlp() if name == "single" else PARALLELISMS[name].wrap(seeded_mlp(), world)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    model_state, optim_state = get_state_dict(model, optimizer, options=FULL)
+    return copy.deepcopy(model_state), copy.deepcopy(optim_state["state"])
+
+
+def _assert_full_equal(actual: tuple[Any, Any], expected: tuple[Any, Any], **tolerance: float):
+    assert_state_dict_equal(actual[0], expected[0], **tolerance)
+    assert_state_dict_equal(actual[1], expected[1], **tolerance)
+
+
+def _save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kw: Any) -> None:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path, **kw)
+
+
+def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kw: Any) -> None:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path, **kw)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+@pytest.mark.world(1, 2, 4)
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
+    parallelism = PARALLELISMS[name]
+    if not parallelism.supports(world.size):
+        pytest.skip(f"{name} runs at world sizes {parallelism.sizes}")
+    model, optimizer = _model_and_optimizer(name, world)
+    train(model, optimizer, steps=2)
+    path = str(world.tmp_path / "checkpoint")
+    _save(model, optimizer, path)
+    saved = _full(model, optimizer)
+    train(model, optimizer, steps=1)
+    moved_on = _full(model, optimizer)
+    _load(model, optimizer, path)
+    _assert_full_equal(_full(model, optimizer), saved)
+    train(model, optimizer, steps=1)  # the same step again, from the loaded state
+    _assert_full_equal(_full(model, optimizer), moved_on)
+
+
+RESHARDS = [  # saved by (at 4 ranks), loaded by, at how many ranks
+    ("fsdp2", "fsdp2", 2),
+    ("fsdp2", "single", 1),
+    ("fsdp1_full_shard_orig", "fsdp2", 2),
+    ("fsdp1_full_shard_flat", "fsdp2", 2),
+    ("fsdp1_full_shard_flat", "single", 1),
+    ("ddp", "fsdp2", 2),
+    ("fsdp2_tp", "tp", 2),
+    ("fsdp2_tp", "fsdp2", 2),
+    ("tp", "ddp", 2),
+]
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize(("saved_by", "loaded_by", "load_size"), RESHARDS)
+def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size):
+    """Save at 4 ranks, load at ``load_size`` under another parallelism (rank 0 alone at 1)."""
+    model, optimizer = _model_and_optimizer(saved_by, world)
+    train(model, optimizer, steps=2)
+    path = str(world.tmp_path / "checkpoint")
+    _save(model, optimizer, path)
+    saved = _full(model, optimizer)
+    world.barrier()
+    loaders = SubWorld(world, load_size)
+    if loaders.member:
+        target, target_optimizer = _model_and_optimizer(loaded_by, loaders)
+        if load_size == 1:
+            _load(target, target_optimizer, path, no_dist=True)
+        else:
+            _load(target, target_optimizer, path, process_group=loaders.group)
+        cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
+        _assert_full_equal(_full(target, target_optimizer), saved, **_tolerance(*cells))
+    world.barrier()
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize("loaded_by", ["fsdp2", "fsdp2_tp", "ddp", "fsdp1_full_shard_orig"])
+def test_load_at_more_ranks_than_saved(world, loaded_by):
+    """Save at 2 ranks (FSDP2), load at 4: every value lands in the finer shards."""
+    savers = SubWorld(world, 2)
+    path = str(world.tmp_path / "checkpoint")
+    saved: tuple[Any, Any] | None = None
+    if savers.member:
+        model, optimizer = _model_and_optimizer("fsdp2", savers)
+        train(model, optimizer, steps=2)
+        _save(model, optimizer, path, process_group=savers.group)
+        saved = _full(model, optimizer)
+    world.barrier()
+    target, target_optimizer = _model_and_optimizer(loaded_by, world)
+    _load(target, target_optimizer, path)
+    loaded = _full(target, target_optimizer)
+    if saved is not None:
+        _assert_full_equal(loaded, saved, **_tolerance(PARALLELISMS[loaded_by]))
