@@ -17,7 +17,7 @@ import contextlib
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,14 @@ from torch.distributed.fsdp import (
 )
 
 from reference_impl._fqn import ModelNames
-from reference_impl._optim_flat import flatten_optimizer_state_dict, unflatten_optimizer_state_dict
+from reference_impl._optim_flat import (
+    PARAM_GROUPS,
+    PARAMS,
+    STATE,
+    StateDict,
+    flatten_optimizer_state_dict,
+    unflatten_optimizer_state_dict,
+)
 from reference_impl.state_dict_utils import (
     broadcast_state_dict,
     distribute_state_dict,
@@ -43,11 +50,7 @@ from reference_impl.state_dict_utils import (
     unflatten_state_dict,
 )
 
-StateDict = dict[str, Any]
 Optimizers = torch.optim.Optimizer | Iterable[torch.optim.Optimizer]
-STATE = "state"
-PARAM_GROUPS = "param_groups"
-PARAMS = "params"
 
 
 @dataclass(frozen=True)
