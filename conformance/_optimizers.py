@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from conformance._parallelisms import Parallelism
+
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 Build = Callable[[nn.Module], tuple[torch.optim.Optimizer, Scheduler | None]]
 
@@ -28,6 +30,9 @@ class OptimizerRecipe:
     name: str
     build: Build
     per_layer_groups: bool = False
+
+    def applies_to(self, parallelism: Parallelism) -> bool:
+        return not (self.per_layer_groups and parallelism.flat_params)
 
 
 def _layer(model: nn.Module, layer: str) -> list[nn.Parameter]:

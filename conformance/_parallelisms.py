@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from torch import nn
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
@@ -30,6 +31,7 @@ class Parallelism:
     sizes: tuple[int, ...]
     exact: bool = True
     fsdp1: bool = False
+    flat_params: bool = False  # FSDP1 without use_orig_params: one flat parameter per wrap
 
     def __post_init__(self) -> None:
         if not self.sizes or any(size < 1 for size in self.sizes):
@@ -37,6 +39,19 @@ class Parallelism:
 
     def supports(self, world_size: int) -> bool:
         return world_size in self.sizes
+
+    def skip_unless_supported(self, world_size: int) -> None:
+        """Skip the calling test, with the reason, at a world size this cell lacks."""
+        if not self.supports(world_size):
+            pytest.skip(f"{self.name} runs at world sizes {self.sizes}")
+
+
+TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
+
+
+def comparison_tolerance(*cells: Parallelism) -> dict[str, float]:
+    """Exact when every cell is; else TP's tolerances (see test_full_state_dict's docstring)."""
+    return {} if all(cell.exact for cell in cells) else TP_TOLERANCE
 
 
 def _ddp(model: nn.Module, world: Any) -> nn.Module:
@@ -134,7 +149,8 @@ def _catalogue() -> dict[str, Parallelism]:
                 name = f"fsdp1_{strategy.lower()}_{'orig' if orig else 'flat'}"
                 name += "_nested" if nested else ""
                 sizes = (4,) if strategy == "HYBRID_SHARD" else (2, 4)
-                cells.append(Parallelism(name, _fsdp1(strategy, orig, nested), sizes, fsdp1=True))
+                wrap = _fsdp1(strategy, orig, nested)
+                cells.append(Parallelism(name, wrap, sizes, fsdp1=True, flat_params=not orig))
     return {cell.name: cell for cell in cells}
 
 

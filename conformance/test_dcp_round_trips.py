@@ -21,15 +21,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from conformance._compare import assert_state_dict_equal
 from conformance._models import seeded_mlp, train
-from conformance._parallelisms import PARALLELISMS, Parallelism
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance
 from conformance._subworld import SubWorld
 
 FULL = StateDictOptions(full_state_dict=True)
-
-
-def _tolerance(*cells: Parallelism) -> dict[str, float]:
-    """Exact between data-parallel cells; TP sums in another order (see test_full_state_dict)."""
-    return {} if all(cell.exact for cell in cells) else {"rtol": 1e-5, "atol": 1e-7}
 
 
 def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -64,9 +59,7 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, *
 @pytest.mark.world(1, 2, 4)
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
-    parallelism = PARALLELISMS[name]
-    if not parallelism.supports(world.size):
-        pytest.skip(f"{name} runs at world sizes {parallelism.sizes}")
+    PARALLELISMS[name].skip_unless_supported(world.size)
     model, optimizer = _model_and_optimizer(name, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")
@@ -111,7 +104,7 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
         else:
             _load(target, target_optimizer, path, process_group=loaders.group)
         cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
-        _assert_full_equal(_full(target, target_optimizer), saved, **_tolerance(*cells))
+        _assert_full_equal(_full(target, target_optimizer), saved, **comparison_tolerance(*cells))
     world.barrier()
 
 
@@ -132,4 +125,4 @@ def test_load_at_more_ranks_than_saved(world, loaded_by):
     _load(target, target_optimizer, path)
     loaded = _full(target, target_optimizer)
     if saved is not None:
-        _assert_full_equal(loaded, saved, **_tolerance(PARALLELISMS[loaded_by]))
+        _assert_full_equal(loaded, saved, **comparison_tolerance(PARALLELISMS[loaded_by]))

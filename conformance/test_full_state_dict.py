@@ -23,10 +23,9 @@ from torch.distributed.checkpoint.state_dict import (
 from conformance._compare import assert_state_dict_equal
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, Parallelism
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance
 
 FULL = StateDictOptions(full_state_dict=True)
-TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
 
 
 def _cells() -> list[tuple[str, str]]:
@@ -35,12 +34,8 @@ def _cells() -> list[tuple[str, str]]:
         (name, recipe)
         for name, cell in sorted(PARALLELISMS.items())
         for recipe in sorted(OPTIMIZERS)
-        if not (OPTIMIZERS[recipe].per_layer_groups and cell.fsdp1 and "_flat" in name)
+        if OPTIMIZERS[recipe].applies_to(cell)
     ]
-
-
-def _tolerance(parallelism: Parallelism) -> dict[str, float]:
-    return {} if parallelism.exact else TP_TOLERANCE
 
 
 @pytest.mark.world(1, 2, 4)
@@ -48,13 +43,12 @@ def _tolerance(parallelism: Parallelism) -> dict[str, float]:
 @pytest.mark.parametrize("steps", [0, 2])
 def test_full_state_dicts_equal_single_process(world, name, recipe, steps):
     parallelism = PARALLELISMS[name]
-    if not parallelism.supports(world.size):
-        pytest.skip(f"{name} runs at world sizes {parallelism.sizes}")
+    parallelism.skip_unless_supported(world.size)
     model = parallelism.wrap(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, steps, scheduler)
     expected = ground_truth(steps, OPTIMIZERS[recipe])
-    tolerance = _tolerance(parallelism)
+    tolerance = comparison_tolerance(parallelism)
     assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected.model, **tolerance)
     actual = get_optimizer_state_dict(model, optimizer, options=FULL)
     if steps:  # before any step, DSD creates the state itself

@@ -34,8 +34,7 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
 
 def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
-    if not parallelism.supports(world.size):
-        pytest.skip(f"{parallelism.name} runs at world sizes {parallelism.sizes}")
+    parallelism.skip_unless_supported(world.size)
     model = parallelism.wrap(seeded_mlp(), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     train(model, optimizer, steps=2)
@@ -92,7 +91,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     smallest = min(size for size in parallelism.sizes if size >= 2)
     if world.size != smallest:
         pytest.skip(f"{name} is covered at world size {smallest}")
-    if OPTIMIZERS[recipe].per_layer_groups and parallelism.fsdp1 and "_flat" in name:
+    if not OPTIMIZERS[recipe].applies_to(parallelism):
         pytest.skip("flat parameters span layers: no per-layer param groups")
     model = parallelism.wrap(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
