@@ -143,8 +143,10 @@ class Builder:
         mesh = self.meshes[spec.mesh]
         full = full_tensor(spec.shape, spec.dtype, spec.seed).to(self.device)
         if any(isinstance(p, _StridedShard) for p in spec.placements):
-            # distribute_tensor cannot lay out strided shards; place the piece by hand.
-            piece = local_piece(full, mesh, spec.placements).contiguous()
+            # distribute_tensor cannot lay out strided shards; place the piece by hand,
+            # in its own memory as distribute_tensor's pieces are (a piece that is a view
+            # at an offset is a case of its own: test_upstream_failures' ..._is_a_view).
+            piece = local_piece(full, mesh, spec.placements).clone()
             return DTensor.from_local(
                 piece,
                 mesh,

@@ -1,25 +1,23 @@
 """Utilities: the torch build's ``_state_dict_utils`` against the oracle, on generated state dicts.
 
-Each property runs the same hypothesis search on every rank (derandomized,
-so every rank draws the same examples) and agrees on every example's
-outcome with an all-reduce, so a failure on one rank fails, and shrinks, on
-all of them. A failing example is printed in the rank's captured output.
+Each property is searched by rank 0's hypothesis and checked on every rank
+(see ``conformance._spmd_property``): a failure on one rank fails, and
+shrinks, on all of them. The falsifying example is printed in rank 0's
+captured output; the other ranks' errors carry it as a note.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor
 
 import reference_impl as ri
 from conformance._compare import assert_trees_identical
+from conformance._spmd_property import spmd_property
 from conformance._trees import (
     Builder,
     DTensorSpec,
@@ -30,37 +28,6 @@ from conformance._trees import (
     world_meshes,
 )
 from conformance._upstream import STATE_DICT_UTILS, upstream
-
-EXAMPLES = 25
-
-
-def spmd_property(
-    strategy: st.SearchStrategy[Any], check: Callable[[Any], None], examples: int = EXAMPLES
-) -> None:
-    """Run ``check`` on examples of ``strategy``; every rank agrees on every outcome."""
-
-    @settings(
-        max_examples=examples,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(strategy)
-    def agreed(spec: Any) -> None:
-        error: BaseException | None = None
-        try:
-            check(spec)
-        except Exception as exc:
-            error = exc
-        failures = torch.tensor([0 if error is None else 1])
-        dist.all_reduce(failures)
-        if error is not None:
-            raise error
-        if failures.item():
-            raise AssertionError("this example failed on another rank")
-
-    agreed()
 
 
 class Full(Builder):
@@ -92,7 +59,7 @@ def test_gather_matches_the_oracle_and_the_ground_truth(world, cpu_offload, rank
         else:
             assert ours == {}
 
-    spmd_property(tree_specs(meshes), check)
+    spmd_property(world.device, tree_specs(meshes), check)
 
 
 @pytest.mark.world(1, 2, 4)
@@ -100,6 +67,7 @@ def test_offload_matches_the_oracle(world):
     offload = upstream(STATE_DICT_UTILS, "_offload_state_dict_to_cpu")
     build, _, meshes = setup(world)
     spmd_property(
+        world.device,
         tree_specs(meshes),
         lambda spec: assert_trees_identical(
             offload(build.build(spec)), ri.offload_state_dict_to_cpu(build.build(spec))
@@ -132,7 +100,7 @@ def test_copy_matches_the_oracle_and_returns_the_companions_tensors(world):
             for got, target in zip(tensors_of(result), tensors_of(companion), strict=True):
                 assert got is target, "the copy must return the companion's own tensors"
 
-    spmd_property(tree_specs(meshes), check)
+    spmd_property(world.device, tree_specs(meshes), check)
 
 
 @pytest.mark.world(1, 2, 4)
@@ -154,7 +122,7 @@ def test_create_cpu_state_dict_matches_the_oracle_and_shares_no_storage(world):
         assert not storages(ours) & storages(source)
         assert not storages(theirs) & storages(source)
 
-    spmd_property(tree_specs(meshes), check)
+    spmd_property(world.device, tree_specs(meshes), check)
 
 
 @pytest.mark.world(1, 2, 4)
@@ -172,7 +140,7 @@ def test_create_cpu_state_dict_in_shared_memory(world):
                 local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
                 assert local.dim() == 0 or local.is_shared()
 
-    spmd_property(tree_specs(meshes, with_dtensors=False), check, examples=10)
+    spmd_property(world.device, tree_specs(meshes, with_dtensors=False), check, examples=10)
 
 
 @st.composite
@@ -205,7 +173,7 @@ def test_similarity_check_matches_the_oracle(world):
             build.build(first), build.build(second)
         )
 
-    spmd_property(similar_pairs(meshes), check)
+    spmd_property(world.device, similar_pairs(meshes), check)
 
 
 @pytest.mark.world(1)
@@ -239,7 +207,7 @@ def test_flatten_and_unflatten_match_the_oracle(world):
             unflatten(theirs, their_mapping), ri.unflatten_state_dict(ours, our_mapping)
         )
 
-    spmd_property(tree_specs(meshes), check)
+    spmd_property(world.device, tree_specs(meshes), check)
 
 
 @pytest.mark.world(1)
@@ -300,7 +268,7 @@ def test_broadcast_state_dict_matches_the_oracle(world, strict, cpu_offload):
         ri.broadcast_state_dict(full, ours, world.device, strict=strict, cpu_offload=cpu_offload)
         assert_trees_identical(theirs, ours)
 
-    spmd_property(broadcast_cases(meshes, strict_keys=cpu_offload), check)
+    spmd_property(world.device, broadcast_cases(meshes, strict_keys=cpu_offload), check)
 
 
 @pytest.mark.world(1, 2, 4)
@@ -315,7 +283,7 @@ def test_distribute_state_dict_matches_the_oracle(world):
         ri.distribute_state_dict(full, ours, world.device)
         assert_trees_identical(theirs, ours)
 
-    spmd_property(broadcast_cases(meshes, strict_keys=False), check)
+    spmd_property(world.device, broadcast_cases(meshes, strict_keys=False), check)
 
 
 # ----- bad input ---------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._models import ground_truth, seeded_mlp, seeded_tied, train, train_tied
 from conformance._parallelisms import PARALLELISMS
+from conformance._upstream import STATE_DICT_UTILS, upstream
 
 FULL = StateDictOptions(full_state_dict=True)
 HANG_DEADLINE_S = 30  # a correct build takes well under a second here
@@ -146,6 +147,25 @@ def _freeze_fc1_weight(model: torch.nn.Module) -> None:
     for name, param in model.named_parameters():
         if name.endswith("fc1.weight"):
             param.requires_grad_(False)
+
+
+@pytest.mark.world(2)
+def test_cpu_state_dict_of_a_dtensor_whose_local_tensor_is_a_view(world):
+    """PR #167597 gave a DTensor its local tensor's storage offset; ``_create_cpu_state_dict``
+    deep-copies CPU DTensors, and ``Tensor.__deepcopy__`` then takes a DTensor made from a
+    chunk at an offset (here rank 1's) for one with real storage: "invalid python storage"."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    create = upstream(STATE_DICT_UTILS, "_create_cpu_state_dict")
+    full = torch.arange(4.0 * world.size, device=world.device)
+    local = full.chunk(world.size)[world.rank]  # a view at offset 4 * rank
+    value = DTensor.from_local(local, world.mesh(world.size, ("dp",)), [Shard(0)])
+    created = create({"w": value})["w"]
+    assert isinstance(created, DTensor)
+    assert (created.placements, created.shape) == (value.placements, value.shape)
+    assert created.to_local().device.type == "cpu"
+    assert created.to_local().shape == local.shape
+    assert created.to_local().untyped_storage().data_ptr() != local.untyped_storage().data_ptr()
 
 
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------

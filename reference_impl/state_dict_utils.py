@@ -16,7 +16,7 @@ import itertools
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -344,12 +344,11 @@ def create_cpu_state_dict(
         return _cpu_like(value, pin_memory, share_memory)
 
     def dtensor(value: DTensor, pg: Any, device: Any, _: Any) -> DTensor:
+        # Built from metadata, never by deep-copying ``value``: that copies data
+        # only to drop it, and fails where the local tensor is a view at an offset.
         if value.dim() == 0:
             return value
-        moved = (
-            cast(DTensor, value.to("cpu")) if value.device.type != "cpu" else copy.deepcopy(value)
-        )
-        return _dtensor_like(moved, _cpu_like(moved.to_local(), pin_memory, share_memory))
+        return _dtensor_like(value, _cpu_like(value.to_local(), pin_memory, share_memory))
 
     def sharded(value: ShardedTensor, pg: Any, device: Any, _: Any) -> ShardedTensor:
         if not value.local_shards():
