@@ -55,8 +55,12 @@ def run_inner(
     *args: str,
     launcher: list[str] | None = None,
     timeout: float = 900,
+    pythonpath: Path | None = None,
 ) -> InnerRun:
-    """Run ``tests/inner/<test_file>`` with pytest (or under ``launcher``) in ``workdir``."""
+    """Run ``tests/inner/<test_file>`` with pytest (or under ``launcher``) in ``workdir``.
+
+    ``pythonpath`` is prepended to the session's import path (e.g. to import ``conformance``).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     target = workdir / test_file
     target.write_text((INNER_DIR / test_file).read_text())
@@ -71,6 +75,8 @@ def run_inner(
     ]
     env = dict(os.environ, INNER_WORKDIR=str(workdir))
     env.pop("PYTEST_ADDOPTS", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     completed = subprocess.run(
         [*command, f"--junitxml={junit}", "-rA", *args],
         cwd=workdir,
