@@ -168,6 +168,33 @@ def test_cpu_state_dict_of_a_dtensor_whose_local_tensor_is_a_view(world):
     assert created.to_local().untyped_storage().data_ptr() != local.untyped_storage().data_ptr()
 
 
+@pytest.mark.world(4)
+def test_dcp_load_on_a_rank_without_local_shards(world):
+    """A rank holding no shard of a ShardedTensor (FSDP1 chunks 5 rows as 2, 2, 1, 0): the
+    load planner drops that key there, takes the gap for a pre-2.4 checkpoint, re-keys the
+    state dict in the old format, and then misses ``groups`` (old format: one key per list)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
+
+    rows = world.size - 1  # the last rank holds none
+
+    def state(fill: float, lr: float) -> dict[str, Any]:
+        shards = []
+        if world.rank < rows:
+            placement = f"rank:{world.rank}/{world.device}"
+            metadata = ShardMetadata([world.rank, 0], [1, 2], placement)
+            shards.append(Shard(torch.full((1, 2), fill, device=world.device), metadata))
+        return {"w": init_from_local_shards(shards, rows, 2), "groups": [{"lr": lr}]}
+
+    path = str(world.tmp_path / "checkpoint")
+    dcp.save(state(float(world.rank), 0.1), checkpoint_id=path)
+    loaded = state(-1.0, 0.0)
+    dcp.load(loaded, checkpoint_id=path)
+    assert loaded["groups"] == [{"lr": 0.1}]
+    for shard in loaded["w"].local_shards():
+        assert torch.equal(shard.tensor, torch.full((1, 2), float(world.rank), device=world.device))
+
+
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
 
 
