@@ -7,6 +7,14 @@ Modules mirror the upstream modules they model; users import from here.
 
 from __future__ import annotations
 
+from reference_impl._flat_layout import (
+    FlatLayout,
+    FlatParamShard,
+    ParamSlice,
+    Segment,
+    flat_layout,
+    flat_param_shards,
+)
 from reference_impl._gather import local_piece
 from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
@@ -45,7 +53,11 @@ from reference_impl.state_dict_utils import (
 
 __all__ = [
     "CompanionMismatch",
+    "FlatLayout",
+    "FlatParamShard",
     "IncompatibleKeys",
+    "ParamSlice",
+    "Segment",
     "StateDictOptions",
     "UnsupportedValue",
     "broadcast_state_dict",
@@ -54,6 +66,8 @@ __all__ = [
     "create_cpu_state_dict",
     "distribute_state_dict",
     "ensure_optimizer_state",
+    "flat_layout",
+    "flat_param_shards",
     "flatten_optimizer_state_dict",
     "flatten_state_dict",
     "format_path",

@@ -69,7 +69,8 @@ class ModelNames:
     """The canonical names of a model's state, in upstream's load order (children first)."""
 
     def __init__(self, model: nn.Module, fqn_modifiers: str = "_fqn_modifiers") -> None:
-        self.entries = tuple(_walk(model, "", "", fqn_modifiers, set()))
+        self._module_fqns: dict[int, str] = {}
+        self.entries = tuple(_walk(model, "", "", fqn_modifiers, self._module_fqns))
         self._fqn_by_key = {entry.key: entry.fqn for entry in self.entries}
         self._key_by_fqn = {entry.fqn: entry.key for entry in self.entries}
         self._fqns_by_tensor: dict[int, list[str]] = {}
@@ -97,6 +98,13 @@ class ModelNames:
         """The state-dict key of the canonical ``fqn``, or None if the model has none."""
         return self._key_by_fqn.get(fqn)
 
+    def fqn_of_module(self, module: nn.Module) -> str:
+        """The canonical FQN of a submodule (``""`` for the model and wrappers of it)."""
+        try:
+            return self._module_fqns[id(module)]
+        except KeyError:
+            raise KeyError(f"{type(module).__name__} is not a module of the model") from None
+
     def fqns_of(self, tensor: torch.Tensor) -> list[str]:
         """Every FQN under which ``tensor`` (a parameter or buffer) is registered."""
         return self._fqns_by_tensor.get(id(tensor), [])
@@ -123,17 +131,20 @@ _STRIPPED_SEGMENTS = frozenset(_STRIPPED_FROM_KEYS.values())
 
 
 def _walk(
-    module: nn.Module, fqn: str, key: str, fqn_modifiers: str, visited: set[nn.Module]
+    module: nn.Module, fqn: str, key: str, fqn_modifiers: str, visited: dict[int, str]
 ) -> Iterator[Entry]:
-    """Children first, then buffers, parameters and extra state, as upstream orders them."""
-    visited.add(module)
+    """Children first, then buffers, parameters and extra state, as upstream orders them.
+
+    ``visited`` gathers each module's canonical FQN, by module identity.
+    """
+    visited[id(module)] = fqn
     hidden = (
         set(getattr(module, fqn_modifiers)().values()) if hasattr(module, fqn_modifiers) else set()
     )
     kept = _wrapper_segment(module, _KEPT_IN_KEYS)
     stripped = _wrapper_segment(module, _STRIPPED_FROM_KEYS)
     for name, child in module.named_children():
-        if child in visited:
+        if id(child) in visited:
             continue
         if name == kept:
             yield from _walk(child, fqn, _join(key, name), fqn_modifiers, visited)

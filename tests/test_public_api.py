@@ -33,7 +33,11 @@ def test_harness_public_names() -> None:
 def test_reference_impl_public_names() -> None:
     assert sorted(reference_impl.__all__) == [
         "CompanionMismatch",
+        "FlatLayout",
+        "FlatParamShard",
         "IncompatibleKeys",
+        "ParamSlice",
+        "Segment",
         "StateDictOptions",
         "UnsupportedValue",
         "broadcast_state_dict",
@@ -42,6 +46,8 @@ def test_reference_impl_public_names() -> None:
         "create_cpu_state_dict",
         "distribute_state_dict",
         "ensure_optimizer_state",
+        "flat_layout",
+        "flat_param_shards",
         "flatten_optimizer_state_dict",
         "flatten_state_dict",
         "format_path",

@@ -1,0 +1,77 @@
+"""FSDP1's flat parameters hold what the oracle's layout says, where it says.
+
+For every FSDP1 cell of the matrix (each strategy, with and without
+``use_orig_params``, flat and nested wrapping), on the matrix's MLP and on
+a tiny model whose shards run out before the ranks do: the oracle's layout
+equals FSDP1's own shard records, and each rank's flat shard holds exactly
+the pieces of the single-process parameters the layout names, then zeros.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import reference_impl as ri
+from conformance._models import SEED, seeded_mlp
+from conformance._parallelisms import PARALLELISMS
+
+FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
+
+
+class Tiny(nn.Module):
+    """Six parameter elements in all: at 4 ranks some shards hold nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(1, 1)
+        self.fc2 = nn.Linear(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x))
+
+
+def seeded_tiny() -> Tiny:
+    torch.manual_seed(SEED)
+    return Tiny()
+
+
+MODELS = {"mlp": seeded_mlp, "tiny": seeded_tiny}
+
+
+def _their_slices(shard: ri.FlatParamShard) -> dict[str, ri.ParamSlice]:
+    """FSDP1's own record of what this rank holds, in the oracle's terms."""
+    records = shard.flat_param._shard_param_infos
+    return {
+        segment.fqn: ri.ParamSlice(
+            segment.fqn, info.offset_in_shard, info.intra_param_start_idx, info.numel_in_shard
+        )
+        for segment, info in zip(shard.layout.segments, records, strict=True)
+        if info.in_shard and info.numel_in_shard
+    }
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_flat_shards_hold_what_the_layout_says(world, name, model_name):
+    PARALLELISMS[name].skip_unless_supported(world.size)
+    model = PARALLELISMS[name].wrap(MODELS[model_name](), world)
+    originals = dict(MODELS[model_name]().named_parameters())
+    shards = ri.flat_param_shards(model)
+    assert shards, f"{name}: no flat parameter found"
+    for shard in shards:
+        layout, rank = shard.layout, shard.shard_rank
+        held = layout.slices(rank)
+        assert held == _their_slices(shard), f"shard rank {rank} of {shard.prefix or 'root'}"
+        local = shard.flat_param.detach().cpu()
+        assert local.numel() == layout.shard_numel
+        for fqn, piece in held.items():
+            expected = originals[shard.canonical(fqn)].detach().flatten()[piece.start : piece.end]
+            actual = local[piece.offset_in_shard : piece.offset_in_shard + piece.numel]
+            assert torch.equal(actual, expected), f"{shard.canonical(fqn)} on shard rank {rank}"
+        start, end = layout.shard_range(rank)
+        tail = local[end - start :]
+        assert tail.numel() == layout.tail_padding(rank)
+        assert not tail.any(), f"the tail padding of shard rank {rank} is not zeros"
