@@ -195,6 +195,27 @@ def test_dcp_load_on_a_rank_without_local_shards(world):
         assert torch.equal(shard.tensor, torch.full((1, 2), float(world.rank), device=world.device))
 
 
+@pytest.mark.world(2)
+def test_fsdp1_offloaded_optimizer_state_with_orig_params_equals_single_process(world):
+    """With ``use_orig_params``, FSDP1 gathers each state name into a buffer and, when offloading,
+    skips the copy and calls ``.cpu()``: a no-op on CPU, so ``exp_avg`` is left a view of a
+    buffer that the gather of ``exp_avg_sq`` then overwrites."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = _wrapped("fsdp1_full_shard_orig", world)
+    optimizer = _adam(model)
+    train(model, optimizer, steps=2)
+    optim_config = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with FSDP.state_dict_type(
+            model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
+        ):
+            state = FSDP.optim_state_dict(model, optimizer)["state"]
+    assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
+
+
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
 
 

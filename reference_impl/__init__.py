@@ -2,7 +2,8 @@
 
 Modules mirror the upstream modules they model; users import from here.
 ``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``;
-``state_dict`` models ``torch/distributed/checkpoint/state_dict.py``.
+``state_dict`` models ``torch/distributed/checkpoint/state_dict.py``;
+``fsdp_optim_utils`` models ``torch/distributed/fsdp/_optim_utils.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
+from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict
 from reference_impl.state_dict import (
     IncompatibleKeys,
     StateDictOptions,
@@ -71,6 +73,7 @@ __all__ = [
     "flatten_optimizer_state_dict",
     "flatten_state_dict",
     "format_path",
+    "fsdp_optim_state_dict",
     "gather_state_dict",
     "get_model_state_dict",
     "get_optimizer_state_dict",

@@ -174,6 +174,7 @@ class FlatParamShard:
     layout: FlatLayout
     shard_rank: int
     group: Any  # the shard group (a ProcessGroup)
+    mesh: Any | None = None  # the DeviceMesh FSDP1 was given, if any
 
     def canonical(self, fqn: str) -> str:
         return self.prefix + fqn
@@ -203,5 +204,6 @@ def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
         sharded = module.sharding_strategy != ShardingStrategy.NO_SHARD
         layout = layout_of(flat_param, group.size() if sharded else 1)
         shard_rank = group.rank() if sharded else 0
-        shards.append(FlatParamShard(prefix, flat_param, layout, shard_rank, group))
+        mesh = getattr(module, "_device_mesh", None)
+        shards.append(FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh))
     return shards

@@ -51,6 +51,7 @@ def test_reference_impl_public_names() -> None:
         "flatten_optimizer_state_dict",
         "flatten_state_dict",
         "format_path",
+        "fsdp_optim_state_dict",
         "gather_state_dict",
         "get_model_state_dict",
         "get_optimizer_state_dict",

@@ -1,0 +1,91 @@
+"""FSDP1's optimizer state dicts against the oracle of ``fsdp/_optim_utils.py``.
+
+For every FSDP1 cell (strategies, with and without ``use_orig_params``,
+flat and nested wrapping) and every optimizer that applies to it, after two
+training steps: ``FSDP.optim_state_dict`` under each optimizer state-dict
+config equals ``reference_impl.fsdp_optim_state_dict`` on the same instance,
+key by key and shard by shard. Every optimizer runs at the cell's smallest
+world size; Adam at 4 ranks as well.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+from torch.distributed.fsdp import (
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    FullyShardedDataParallel,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictType,
+)
+
+import reference_impl as ri
+from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._models import ground_truth, seeded_mlp, train
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS
+
+FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
+
+
+def _settings(kind: str) -> tuple[Any, Any, Any]:
+    """FSDP1's state-dict type and configs, made afresh: FSDP1 writes into the configs it gets."""
+    if kind == "sharded":
+        return (
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(),
+            ShardedOptimStateDictConfig(offload_to_cpu=False),
+        )
+    optim_config = FullOptimStateDictConfig(
+        offload_to_cpu=kind == "full_offloaded", rank0_only=kind == "full_rank0_only"
+    )
+    return StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
+
+
+ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
+    "full": {},
+    "full_rank0_only": {"rank0_only": True},
+    "full_offloaded": {"cpu_offload": True},
+    "sharded": {"shard_state": True},
+}
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
+@pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
+    cell = PARALLELISMS[name]
+    cell.skip_unless_supported(world.size)
+    smallest = min(size for size in cell.sizes if size >= 2)
+    if world.size != smallest and recipe != "adam":
+        pytest.skip(f"{recipe} is covered at world size {smallest}")
+    if not OPTIMIZERS[recipe].applies_to(cell):
+        pytest.skip("flat parameters span layers: no per-layer param groups")
+    model = cell.wrap(seeded_mlp(), world)
+    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
+    train(model, optimizer, 2, scheduler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
+            theirs = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+    ours = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
+    assert_trees_identical(theirs, ours)
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_the_oracles_full_state_equals_the_single_process_state(world, name):
+    """The oracle on its own: gathered FSDP1 state is the single-process Adam state, exactly."""
+    PARALLELISMS[name].skip_unless_supported(world.size)
+    model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+    optimizer, _ = OPTIMIZERS["adam"].build(model)
+    train(model, optimizer, 2)
+    truth = ground_truth(steps=2, recipe=OPTIMIZERS["adam"])
+    ours = ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True)
+    assert_state_dict_equal(ours["state"], truth.optimizer_state)
+    assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in truth.param_groups]

@@ -1,0 +1,84 @@
+"""FSDP1's sharded form of a full tensor: chunks along dim 0, one per rank of the shard group.
+
+``torch.chunk`` rules: chunks of ``ceil(rows / n)`` rows, the last one
+shorter, ranks past the last chunk hold nothing. Without a device mesh the
+result is a ShardedTensor whose metadata lists every chunk (placements by
+global rank); with one, a DTensor sharded on the mesh's last dim
+(``[Shard(0)]``, or ``[Replicate(), Shard(0)]`` for hybrid sharding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import Shard as LocalShard
+from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardMetadata
+from torch.distributed._shard.sharded_tensor.metadata import (
+    ShardedTensorMetadata,
+    TensorProperties,
+)
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from reference_impl._gather import local_piece
+
+
+def chunk_rows(rows: int, count: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each dim-0 chunk ``torch.chunk(count)`` makes of ``rows`` rows."""
+    if rows == 0:
+        return [(0, 0)]
+    per = -(-rows // count)
+    return [(start, min(per, rows - start)) for start in range(0, rows, per)]
+
+
+def chunk_like_fsdp(tensor: torch.Tensor, group: Any, mesh: Any | None) -> Any:
+    """``tensor`` (the same full value on every rank) as FSDP1 shards it for a state dict."""
+    if mesh is not None:
+        placements = [Replicate()] * (mesh.ndim - 1) + [Shard(0)]
+        return DTensor.from_local(
+            local_piece(tensor, mesh, placements).clone(),
+            mesh,
+            placements,
+            run_check=False,
+            shape=tensor.shape,
+            stride=tensor.stride(),
+        )
+    return _chunked_sharded_tensor(tensor, group)
+
+
+def _chunked_sharded_tensor(tensor: torch.Tensor, group: Any) -> ShardedTensor:
+    rank, chunks = group.rank(), chunk_rows(tensor.size(0), group.size())
+    tail = [0] * (tensor.dim() - 1)
+    local = []
+    if rank < len(chunks):
+        start, length = chunks[rank]
+        piece = tensor[start : start + length].clone()
+        placement = f"rank:{rank}/{piece.device}"
+        local.append(LocalShard(piece, ShardMetadata([start, *tail], list(piece.shape), placement)))
+    device_type = "cpu" if dist.get_backend(group) == "gloo" else tensor.device.type
+    shards = [
+        ShardMetadata(
+            [start, *tail],
+            [length, *tensor.shape[1:]],
+            _placement(dist.get_global_rank(group, r), device_type),
+        )
+        for r, (start, length) in enumerate(chunks)
+    ]
+    properties = TensorProperties(
+        dtype=tensor.dtype,
+        layout=tensor.layout,
+        requires_grad=False,
+        memory_format=torch.contiguous_format,
+        pin_memory=tensor.is_pinned(),
+    )
+    metadata = ShardedTensorMetadata(shards, tensor.size(), properties)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        local, metadata, process_group=group
+    )
+
+
+def _placement(global_rank: int, device_type: str) -> str:
+    if device_type == "cpu":
+        return f"rank:{global_rank}/cpu"
+    return f"rank:{global_rank}/{device_type}:{global_rank % torch.cuda.device_count()}"
