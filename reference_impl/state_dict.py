@@ -4,7 +4,8 @@ Model and optimizer state dicts are keyed by canonical FQNs (``_fqn``),
 whatever wraps the model: DDP, FSDP1, FSDP2, TP, ``torch.compile``,
 activation checkpointing. The model's own ``state_dict``/``load_state_dict``
 (and for FSDP1 its public state-dict-type API) produce and consume the
-parallelism's native values; this module does what the upstream module adds
+parallelism's native values; FSDP1's optimizer state is converted by
+``fsdp_optim_utils``. This module does what the upstream module adds
 on top: naming, filtering, gathering, offloading, optimizer re-keying,
 flattening, splitting among optimizers, broadcast and distribution of full
 state dicts. Where upstream has a known bug, the oracle does what its
@@ -41,6 +42,7 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
+from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict
 from reference_impl.state_dict_utils import (
     broadcast_state_dict,
     distribute_state_dict,
@@ -366,17 +368,8 @@ def _fqn_keyed(optimizer: torch.optim.Optimizer, names: ModelNames) -> StateDict
 
 
 def _fsdp1_fqn_keyed(model: nn.Module, optimizer: torch.optim.Optimizer, full: bool) -> StateDict:
-    with _fsdp1_state_dict_type(model, full=full):
-        converted: StateDict = FullyShardedDataParallel.optim_state_dict(
-            model, optimizer, group=_fsdp1_group(model)
-        )
-    return {
-        STATE: {_uncompiled(k): v for k, v in converted.get(STATE, {}).items()},
-        PARAM_GROUPS: [
-            {**g, PARAMS: [_uncompiled(k) for k in g[PARAMS]]}
-            for g in converted.get(PARAM_GROUPS, [])
-        ],
-    }
+    """FSDP1's flat or ``use_orig_params`` optimizer state, FQN-keyed by the oracle of it."""
+    return fsdp_optim_state_dict(model, optimizer, shard_state=not full)
 
 
 def _uncompiled(fqn: str) -> str:
