@@ -21,7 +21,7 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
-from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict
+from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
 from reference_impl.state_dict import (
     IncompatibleKeys,
     StateDictOptions,
@@ -74,6 +74,7 @@ __all__ = [
     "flatten_state_dict",
     "format_path",
     "fsdp_optim_state_dict",
+    "fsdp_optim_state_dict_to_load",
     "gather_state_dict",
     "get_model_state_dict",
     "get_optimizer_state_dict",

@@ -8,7 +8,7 @@ that parameter, empty or absent where the rank holds none of it. Both become
 per-parameter state keyed by canonical FQN: tensor state is gathered over
 the shard group and cut back into each parameter's shape (see
 ``reference_impl._flat_layout``); zero-dim tensor state and other values are
-taken as they are.
+taken as they are. ``fsdp_optim_state_dict_to_load`` goes the other way.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from torch import nn
 from reference_impl._flat_layout import FlatParamShard, flat_param_shards
 from reference_impl._fqn import ModelNames
 from reference_impl._fsdp_chunks import chunk_like_fsdp
+from reference_impl._fsdp_optim_load import fsdp_optim_state_dict_to_load
 from reference_impl._optim_flat import PARAM_GROUPS, PARAMS, STATE, StateDict
+
+__all__ = ["fsdp_optim_state_dict", "fsdp_optim_state_dict_to_load"]
 
 
 @dataclass

@@ -52,6 +52,7 @@ def test_reference_impl_public_names() -> None:
         "flatten_state_dict",
         "format_path",
         "fsdp_optim_state_dict",
+        "fsdp_optim_state_dict_to_load",
         "gather_state_dict",
         "get_model_state_dict",
         "get_optimizer_state_dict",
