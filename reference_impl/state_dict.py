@@ -4,8 +4,8 @@ Model and optimizer state dicts are keyed by canonical FQNs (``_fqn``),
 whatever wraps the model: DDP, FSDP1, FSDP2, TP, ``torch.compile``,
 activation checkpointing. The model's own ``state_dict``/``load_state_dict``
 (and for FSDP1 its public state-dict-type API) produce and consume the
-parallelism's native values; FSDP1's optimizer state is converted by
-``fsdp_optim_utils``. This module does what the upstream module adds
+parallelism's native values; FSDP1's optimizer state is converted both
+ways by ``fsdp_optim_utils``. This module does what the upstream module adds
 on top: naming, filtering, gathering, offloading, optimizer re-keying,
 flattening, splitting among optimizers, broadcast and distribution of full
 state dicts. Where upstream has a known bug, the oracle does what its
@@ -24,12 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import (
-    FullOptimStateDictConfig,
     FullStateDictConfig,
     FullyShardedDataParallel,
-    ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
-    ShardingStrategy,
     StateDictType,
 )
 
@@ -42,7 +39,7 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
-from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict
+from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
 from reference_impl.state_dict_utils import (
     broadcast_state_dict,
     distribute_state_dict,
@@ -146,34 +143,15 @@ def _fsdp1_state_dict_type(model: nn.Module, full: bool) -> Iterator[None]:
     if not _has_fsdp1(model):
         yield
         return
-    kind, config, optim_config = (
-        (
-            StateDictType.FULL_STATE_DICT,
-            FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
-            FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False),
-        )
+    kind, config = (
+        (StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=False, rank0_only=False))
         if full
-        else (
-            StateDictType.SHARDED_STATE_DICT,
-            ShardedStateDictConfig(),
-            ShardedOptimStateDictConfig(),
-        )
+        else (StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig())
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, kind, config, optim_config):
+        with FullyShardedDataParallel.state_dict_type(model, kind, config):
             yield
-
-
-def _fsdp1_group(model: nn.Module) -> dist.ProcessGroup | None:
-    """The group FSDP1's optimizer conversions run over: None (default) for hybrid sharding."""
-    root = next(m for m in model.modules() if isinstance(m, FullyShardedDataParallel))
-    group = root.process_group
-    hybrid = root.sharding_strategy in (
-        ShardingStrategy.HYBRID_SHARD,
-        ShardingStrategy._HYBRID_SHARD_ZERO2,
-    )
-    return None if hybrid or isinstance(group, tuple) else group
 
 
 def _refuse_fsdp1_broadcast(model: nn.Module, options: StateDictOptions) -> None:
@@ -499,10 +477,7 @@ def set_optimizer_state_dict(
         ensure_optimizer_state(optimizer)
         own = _own_part(optimizer, optim_state_dict, names, options.strict)
         if _has_fsdp1(model):
-            with _fsdp1_state_dict_type(model, full=options.full_state_dict):
-                own = FullyShardedDataParallel.optim_state_dict_to_load(
-                    model, optimizer, own, group=_fsdp1_group(model)
-                )
+            own = fsdp_optim_state_dict_to_load(model, optimizer, own)
         elif options.full_state_dict:
             own = _optimizer_localised(optimizer, own, names, options)
         optimizer.load_state_dict(own)
