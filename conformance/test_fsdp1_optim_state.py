@@ -55,21 +55,22 @@ ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
 }
 
 
+def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
+    """The cell's model and optimizer after two steps; Adam runs at every size, others once."""
+    cell = PARALLELISMS[name]
+    OPTIMIZERS[recipe].skip_unless_covered(cell, world.size, every_size=recipe == "adam")
+    model = cell.wrap(seeded_mlp(), world)
+    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
+    train(model, optimizer, 2, scheduler)
+    return model, optimizer
+
+
 @pytest.mark.world(2, 4)
 @pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
-    cell = PARALLELISMS[name]
-    cell.skip_unless_supported(world.size)
-    smallest = min(size for size in cell.sizes if size >= 2)
-    if world.size != smallest and recipe != "adam":
-        pytest.skip(f"{recipe} is covered at world size {smallest}")
-    if not OPTIMIZERS[recipe].applies_to(cell):
-        pytest.skip("flat parameters span layers: no per-layer param groups")
-    model = cell.wrap(seeded_mlp(), world)
-    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
-    train(model, optimizer, 2, scheduler)
+    model, optimizer = _trained(world, name, recipe)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
@@ -109,16 +110,7 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
     Both conversions must be identical, and an optimizer loaded from the
     oracle's must hold the state that was saved.
     """
-    cell = PARALLELISMS[name]
-    cell.skip_unless_supported(world.size)
-    smallest = min(size for size in cell.sizes if size >= 2)
-    if world.size != smallest and recipe != "adam":
-        pytest.skip(f"{recipe} is covered at world size {smallest}")
-    if not OPTIMIZERS[recipe].applies_to(cell):
-        pytest.skip("flat parameters span layers: no per-layer param groups")
-    model = cell.wrap(seeded_mlp(), world)
-    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
-    train(model, optimizer, 2, scheduler)
+    model, optimizer = _trained(world, name, recipe)
     saved = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -88,11 +88,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     which keeps the product of optimizers and options affordable.
     """
     parallelism = PARALLELISMS[name]
-    smallest = min(size for size in parallelism.sizes if size >= 2)
-    if world.size != smallest:
-        pytest.skip(f"{name} is covered at world size {smallest}")
-    if not OPTIMIZERS[recipe].applies_to(parallelism):
-        pytest.skip("flat parameters span layers: no per-layer param groups")
+    OPTIMIZERS[recipe].skip_unless_covered(parallelism, world.size)
     model = parallelism.wrap(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
