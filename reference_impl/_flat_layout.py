@@ -179,6 +179,17 @@ class FlatParamShard:
     def canonical(self, fqn: str) -> str:
         return self.prefix + fqn
 
+    @property
+    def fqns(self) -> list[str]:
+        """The original parameters' canonical FQNs, in flat order."""
+        return [self.canonical(segment.fqn) for segment in self.layout.segments]
+
+    @property
+    def originals(self) -> list[torch.nn.Parameter] | None:
+        """The original parameters FSDP1 exposes under ``use_orig_params``; None without."""
+        params = self.flat_param._params  # type: ignore[attr-defined]
+        return list(params) if params is not None else None
+
 
 def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
     """Every FSDP1 flat parameter in ``model``, outermost first.

@@ -30,9 +30,9 @@ def fsdp_optim_state_dict_to_load(
 
     Every rank must call it (sharded state is gathered). State for
     parameters the optimizer does not hold is dropped; keys that name no
-    parameter or buffer of the model are kept as they are. ``ValueError`` names the FQNs where a
-    flat parameter's originals disagree (state names, zero-dim values) or a
-    value has the wrong shape.
+    parameter or buffer of the model are kept as they are. ``ValueError``
+    names the FQNs where a flat parameter's originals disagree (state names,
+    zero-dim values) or a value has the wrong shape.
     """
     if STATE not in optim_state_dict:
         raise ValueError('the optimizer state dict has no "state"')
@@ -43,9 +43,9 @@ def fsdp_optim_state_dict_to_load(
     state: dict[Any, Any] = {}
     claimed: set[str] = set()
     for shard in flat_param_shards(model):
-        fqns = [shard.canonical(s.fqn) for s in shard.layout.segments]
+        fqns = shard.fqns
         claimed.update(fqns)
-        originals = shard.flat_param._params  # type: ignore[attr-defined]
+        originals = shard.originals
         if originals is None:
             if shard.flat_param in ids:
                 fqn_ids.update(dict.fromkeys(fqns, ids[shard.flat_param]))

@@ -98,7 +98,7 @@ def _in_upstream_order(
     state: StateDict, groups: list[dict[str, Any]], shards: list[FlatParamShard]
 ) -> StateDict:
     """Sorted by FQN under ``use_orig_params`` (ranks merge their keys); else optimizer order."""
-    if any(_original_params(shard) is not None for shard in shards):
+    if any(shard.originals is not None for shard in shards):
         return dict(sorted(state.items()))
     position = {fqn: i for i, fqn in enumerate(f for g in groups for f in g[PARAMS])}
     return dict(sorted(state.items(), key=lambda item: position.get(item[0], len(position))))
@@ -107,19 +107,13 @@ def _in_upstream_order(
 def _fsdp_managed(shards: list[FlatParamShard]) -> set[int]:
     managed = {id(shard.flat_param) for shard in shards}
     for shard in shards:
-        managed.update(id(p) for p in _original_params(shard) or ())
+        managed.update(id(p) for p in shard.originals or ())
     return managed
-
-
-def _original_params(shard: FlatParamShard) -> list[nn.Parameter] | None:
-    """The original parameters FSDP1 exposes under ``use_orig_params``; None without."""
-    params = shard.flat_param._params  # type: ignore[attr-defined]
-    return list(params) if params is not None else None
 
 
 def _local_states(optimizer: torch.optim.Optimizer, shard: FlatParamShard) -> dict[str, Any]:
     """This rank's optimizer state per original FQN (relative), or under ``""`` for the flat one."""
-    originals = _original_params(shard)
+    originals = shard.originals
     if originals is None:
         flat_state = optimizer.state.get(shard.flat_param)
         return {} if flat_state is None else {"": flat_state}
@@ -151,7 +145,7 @@ def _convert_flat_param_state(
     options: _Options,
 ) -> StateDict:
     group_infos = [infos[r][index] for r in dist.get_process_group_ranks(shard.group)]
-    if _original_params(shard) is None:
+    if shard.originals is None:
         return _convert_flat(optimizer, shard, group_infos, options)
     return _convert_originals(optimizer, shard, group_infos, options)
 
@@ -167,8 +161,7 @@ def _convert_flat(
     if not any(holders):
         return {}
     if not all(holders):
-        fqns = [shard.canonical(s.fqn) for s in shard.layout.segments]
-        raise ValueError(f"{fqns}: optimizer state on some ranks of the shard group only")
+        raise ValueError(f"{shard.fqns}: optimizer state on some ranks of the shard group only")
     flat_state = dict(sorted(optimizer.state[shard.flat_param].items()))
     tensors = {n: _gather_flat(v, shard) for n, v in flat_state.items() if _positive_dim(v)}
     zero_dim = {
@@ -204,7 +197,9 @@ def _convert_originals(
     full: dict[str, torch.Tensor] = {}
     for name in names:
         buffer = torch.zeros(
-            shard.layout.shard_numel, dtype=_dtype_of(name, group_infos), device=_device(shard)
+            shard.layout.shard_numel,
+            dtype=_dtype_of(name, group_infos),
+            device=shard.flat_param.device,
         )
         for fqn, held in shard.layout.slices(shard.shard_rank).items():
             value = local.get(fqn, {}).get(name)
@@ -238,23 +233,18 @@ def _holding(infos: list[_StateInfo]) -> Iterator[_StateInfo]:
     yield from nonempty or infos
 
 
-def _device(shard: FlatParamShard) -> torch.device:
-    return shard.flat_param.device
-
-
 def _gather_flat(value: torch.Tensor, shard: FlatParamShard) -> torch.Tensor:
     """A flat shard of state from every rank of the shard group, unpadded."""
     layout = shard.layout
     if layout.shard_count == 1:
         return value.reshape(-1)[: layout.unsharded_numel]
     if value.numel() != layout.shard_numel:
-        fqns = [shard.canonical(s.fqn) for s in layout.segments]
         raise ValueError(
-            f"{fqns}: flat optimizer state of {value.numel()} elements; "
+            f"{shard.fqns}: flat optimizer state of {value.numel()} elements; "
             f"the flat shard has {layout.shard_numel}"
         )
     gathered = value.new_zeros(layout.padded_numel)
-    dist.all_gather_into_tensor(gathered, value.to(_device(shard)), group=shard.group)
+    dist.all_gather_into_tensor(gathered, value.to(shard.flat_param.device), group=shard.group)
     return gathered[: layout.unsharded_numel]
 
 
@@ -275,10 +265,7 @@ def _param_groups(
     optimizer: torch.optim.Optimizer, names: ModelNames, shards: list[FlatParamShard]
 ) -> list[dict[str, Any]]:
     """The optimizer's groups with each parameter named by FQN (a flat one by all of its)."""
-    flat_fqns = {
-        id(shard.flat_param): [shard.canonical(s.fqn) for s in shard.layout.segments]
-        for shard in shards
-    }
+    flat_fqns = {id(shard.flat_param): shard.fqns for shard in shards}
     groups = []
     for saved, live in zip(
         optimizer.state_dict()[PARAM_GROUPS], optimizer.param_groups, strict=True
