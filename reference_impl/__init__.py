@@ -3,7 +3,8 @@
 Modules mirror the upstream modules they model; users import from here.
 ``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``;
 ``state_dict`` models ``torch/distributed/checkpoint/state_dict.py``;
-``fsdp_optim_utils`` models ``torch/distributed/fsdp/_optim_utils.py``.
+``fsdp_optim_utils`` models ``torch/distributed/fsdp/_optim_utils.py``;
+``fsdp_state_dict_utils`` models ``torch/distributed/fsdp/_state_dict_utils.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from reference_impl._optim_flat import (
     unflatten_optimizer_state_dict,
 )
 from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
-from reference_impl.state_dict import (
+from reference_impl.fsdp_state_dict_utils import (
     IncompatibleKeys,
+    fsdp_load_state_dict,
+    fsdp_state_dict,
+)
+from reference_impl.state_dict import (
     StateDictOptions,
     ensure_optimizer_state,
     get_model_state_dict,
@@ -73,8 +78,10 @@ __all__ = [
     "flatten_optimizer_state_dict",
     "flatten_state_dict",
     "format_path",
+    "fsdp_load_state_dict",
     "fsdp_optim_state_dict",
     "fsdp_optim_state_dict_to_load",
+    "fsdp_state_dict",
     "gather_state_dict",
     "get_model_state_dict",
     "get_optimizer_state_dict",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ class FlatParamShard:
     shard_rank: int
     group: Any  # the shard group (a ProcessGroup)
     mesh: Any | None = None  # the DeviceMesh FSDP1 was given, if any
+    sharded: bool = True  # False under NO_SHARD (a shard group of one rank is still sharded)
 
     def canonical(self, fqn: str) -> str:
         return self.prefix + fqn
@@ -189,6 +191,24 @@ class FlatParamShard:
         """The original parameters FSDP1 exposes under ``use_orig_params``; None without."""
         params = self.flat_param._params  # type: ignore[attr-defined]
         return list(params) if params is not None else None
+
+    def unsharded(self, value: torch.Tensor) -> torch.Tensor:
+        """A flat-shard-sized ``value`` from every rank of the shard group, joined and unpadded.
+
+        A collective of the shard group where it has several ranks; for one
+        rank, a view of ``value`` itself.
+        """
+        layout = self.layout
+        if layout.shard_count == 1:
+            return value.reshape(-1)[: layout.unsharded_numel]
+        if value.numel() != layout.shard_numel:
+            raise ValueError(
+                f"{self.fqns}: a flat value of {value.numel()} elements; "
+                f"the flat shard has {layout.shard_numel}"
+            )
+        gathered = value.new_zeros(layout.padded_numel)
+        dist.all_gather_into_tensor(gathered, value.to(self.flat_param.device), group=self.group)
+        return gathered[: layout.unsharded_numel]
 
 
 def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
@@ -216,5 +236,7 @@ def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
         layout = layout_of(flat_param, group.size() if sharded else 1)
         shard_rank = group.rank() if sharded else 0
         mesh = getattr(module, "_device_mesh", None)
-        shards.append(FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh))
+        shards.append(
+            FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh, sharded=sharded)
+        )
     return shards

@@ -57,12 +57,13 @@ class Entry:
 
     ``value`` is the registered parameter or buffer that holds it (for the
     original parameters of an FSDP1 flat parameter, that flat parameter), or
-    None for extra state.
+    None for extra state; ``owner`` is the module that registers it.
     """
 
     fqn: str
     key: str
     value: torch.Tensor | None
+    owner: nn.Module
 
 
 class ModelNames:
@@ -104,6 +105,10 @@ class ModelNames:
             return self._module_fqns[id(module)]
         except KeyError:
             raise KeyError(f"{type(module).__name__} is not a module of the model") from None
+
+    def module_fqns(self) -> list[str]:
+        """Every submodule's canonical FQN once, parents before children (``""`` first)."""
+        return list(dict.fromkeys(self._module_fqns.values()))
 
     def fqns_of(self, tensor: torch.Tensor) -> list[str]:
         """Every FQN under which ``tensor`` (a parameter or buffer) is registered."""
@@ -154,16 +159,16 @@ def _walk(
             yield from _walk(child, _join(fqn, name), _join(key, name), fqn_modifiers, visited)
     for name, buffer in module.named_buffers(recurse=False):
         if name not in module._non_persistent_buffers_set:
-            yield Entry(_join(fqn, name), _join(key, name), buffer)
+            yield Entry(_join(fqn, name), _join(key, name), buffer, module)
     for name, param in module.named_parameters(recurse=False):
         originals = _flat_parameter_fqns(param)
         if originals is None:
-            yield Entry(_join(fqn, name), _join(key, name), param)
+            yield Entry(_join(fqn, name), _join(key, name), param, module)
         else:
             for original in originals:
-                yield Entry(_join(fqn, original), _join(key, original), param)
+                yield Entry(_join(fqn, original), _join(key, original), param, module)
     if type(module).get_extra_state is not nn.Module.get_extra_state:
-        yield Entry(_join(fqn, EXTRA_STATE), _join(key, EXTRA_STATE), None)
+        yield Entry(_join(fqn, EXTRA_STATE), _join(key, EXTRA_STATE), None, module)
 
 
 def _flat_parameter_fqns(param: torch.Tensor) -> list[str] | None:

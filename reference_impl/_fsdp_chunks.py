@@ -48,33 +48,53 @@ def chunk_like_fsdp(tensor: torch.Tensor, group: Any, mesh: Any | None) -> Any:
 
 
 def _chunked_sharded_tensor(tensor: torch.Tensor, group: Any) -> ShardedTensor:
-    rank, chunks = group.rank(), chunk_rows(tensor.size(0), group.size())
-    tail = [0] * (tensor.dim() - 1)
-    local = []
-    if rank < len(chunks):
-        start, length = chunks[rank]
-        piece = tensor[start : start + length].clone()
-        placement = f"rank:{rank}/{piece.device}"
-        local.append(LocalShard(piece, ShardMetadata([start, *tail], list(piece.shape), placement)))
-    device_type = "cpu" if dist.get_backend(group) == "gloo" else tensor.device.type
-    shards = [
+    chunks = chunk_rows(tensor.size(0), group.size())
+    local = None
+    if group.rank() < len(chunks):
+        start, length = chunks[group.rank()]
+        local = tensor[start : start + length].clone()
+    return sharded_tensor_of_row_chunks(local, chunks, tensor.shape, tensor, group)
+
+
+def sharded_tensor_of_row_chunks(
+    local: torch.Tensor | None,
+    chunks: list[tuple[int, int]],
+    shape: torch.Size,
+    like: torch.Tensor,
+    group: Any,
+) -> ShardedTensor:
+    """A ShardedTensor of ``shape`` whose group rank ``r`` holds the rows ``chunks[r]``.
+
+    ``chunks`` are ``(start, length)`` along dim 0, one per rank from rank 0
+    (ranks past the list hold nothing); ``local`` is this rank's piece, kept
+    as it is (no copy). ``like`` gives the dtype, layout, pinning and
+    ``requires_grad`` the metadata records.
+    """
+    tail = [0] * (len(shape) - 1)
+    shards = []
+    if local is not None:
+        start = chunks[group.rank()][0]
+        placement = f"rank:{group.rank()}/{local.device}"
+        metadata = ShardMetadata([start, *tail], list(local.shape), placement)
+        shards.append(LocalShard(local, metadata))
+    device_type = "cpu" if dist.get_backend(group) == "gloo" else like.device.type
+    everyones = [
         ShardMetadata(
             [start, *tail],
-            [length, *tensor.shape[1:]],
+            [length, *shape[1:]],
             _placement(dist.get_global_rank(group, r), device_type),
         )
         for r, (start, length) in enumerate(chunks)
     ]
     properties = TensorProperties(
-        dtype=tensor.dtype,
-        layout=tensor.layout,
-        requires_grad=False,
+        dtype=like.dtype,
+        layout=like.layout,
+        requires_grad=like.requires_grad,
         memory_format=torch.contiguous_format,
-        pin_memory=tensor.is_pinned(),
+        pin_memory=like.is_pinned(),
     )
-    metadata = ShardedTensorMetadata(shards, tensor.size(), properties)
     return ShardedTensor._init_from_local_shards_and_global_metadata(
-        local, metadata, process_group=group
+        shards, ShardedTensorMetadata(everyones, shape, properties), process_group=group
     )
 
 

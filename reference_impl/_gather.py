@@ -226,7 +226,7 @@ def full_tensor_of_sharded_tensor(
         owner = shard.placement.rank() if shard.placement is not None else None
         if owner is None:
             raise ValueError(f"shard {index} of the ShardedTensor has no placement rank")
-        by_rank[owner].append(index)
+        by_rank[owner if group is None else dist.get_group_rank(group, owner)].append(index)
     sizes = [sum(_numel(shards[i].shard_sizes) for i in held) * element for held in by_rank]
     mine = by_rank[dist.get_rank(group)]
     payload = torch.cat(

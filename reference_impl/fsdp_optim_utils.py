@@ -163,7 +163,7 @@ def _convert_flat(
     if not all(holders):
         raise ValueError(f"{shard.fqns}: optimizer state on some ranks of the shard group only")
     flat_state = dict(sorted(optimizer.state[shard.flat_param].items()))
-    tensors = {n: _gather_flat(v, shard) for n, v in flat_state.items() if _positive_dim(v)}
+    tensors = {n: shard.unsharded(v) for n, v in flat_state.items() if _positive_dim(v)}
     zero_dim = {
         n: _offloaded(v.detach().clone(), options.cpu_offload)
         for n, v in flat_state.items()
@@ -205,7 +205,7 @@ def _convert_originals(
             value = local.get(fqn, {}).get(name)
             if value is not None:
                 buffer[held.offset_in_shard : held.offset_in_shard + held.numel] = value.reshape(-1)
-        full[name] = _gather_flat(buffer, shard)
+        full[name] = shard.unsharded(buffer)
     result: StateDict = {}
     for segment in with_state:
         infos = [info[segment.fqn] for info in group_infos if segment.fqn in info]
@@ -231,21 +231,6 @@ def _holding(infos: list[_StateInfo]) -> Iterator[_StateInfo]:
     """The ranks whose zero-dim and other values count: those holding tensor state, if any."""
     nonempty = [i for i in infos if any(shape.numel() for shape, _ in i.tensors.values())]
     yield from nonempty or infos
-
-
-def _gather_flat(value: torch.Tensor, shard: FlatParamShard) -> torch.Tensor:
-    """A flat shard of state from every rank of the shard group, unpadded."""
-    layout = shard.layout
-    if layout.shard_count == 1:
-        return value.reshape(-1)[: layout.unsharded_numel]
-    if value.numel() != layout.shard_numel:
-        raise ValueError(
-            f"{shard.fqns}: flat optimizer state of {value.numel()} elements; "
-            f"the flat shard has {layout.shard_numel}"
-        )
-    gathered = value.new_zeros(layout.padded_numel)
-    dist.all_gather_into_tensor(gathered, value.to(shard.flat_param.device), group=shard.group)
-    return gathered[: layout.unsharded_numel]
 
 
 def _finish(piece: torch.Tensor, shard: FlatParamShard, options: _Options) -> Any:

@@ -3,9 +3,9 @@
 Model and optimizer state dicts are keyed by canonical FQNs (``_fqn``),
 whatever wraps the model: DDP, FSDP1, FSDP2, TP, ``torch.compile``,
 activation checkpointing. The model's own ``state_dict``/``load_state_dict``
-(and for FSDP1 its public state-dict-type API) produce and consume the
-parallelism's native values; FSDP1's optimizer state is converted both
-ways by ``fsdp_optim_utils``. This module does what the upstream module adds
+(for FSDP1, the oracle of its state-dict types, ``fsdp_state_dict_utils``)
+produce and consume the parallelism's native values; FSDP1's optimizer
+state is converted both ways by ``fsdp_optim_utils``. This module does what the upstream module adds
 on top: naming, filtering, gathering, offloading, optimizer re-keying,
 flattening, splitting among optimizers, broadcast and distribution of full
 state dicts. Where upstream has a known bug, the oracle does what its
@@ -14,21 +14,13 @@ contract says (e.g. frozen parameters keep their optimizer state on load).
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import (
-    FullStateDictConfig,
-    FullyShardedDataParallel,
-    ShardedStateDictConfig,
-    StateDictType,
-)
+from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
 from reference_impl._fqn import ModelNames
 from reference_impl._optim_flat import (
@@ -40,6 +32,11 @@ from reference_impl._optim_flat import (
     unflatten_optimizer_state_dict,
 )
 from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
+from reference_impl.fsdp_state_dict_utils import (
+    IncompatibleKeys,
+    fsdp_load_state_dict,
+    fsdp_state_dict,
+)
 from reference_impl.state_dict_utils import (
     broadcast_state_dict,
     distribute_state_dict,
@@ -71,13 +68,6 @@ class StateDictOptions:
     def __post_init__(self) -> None:
         if self.broadcast_from_rank0 and not self.full_state_dict:
             raise ValueError("broadcast_from_rank0 needs full_state_dict=True")
-
-
-class IncompatibleKeys(NamedTuple):
-    """What a model load left out: keys the model has but the state dict lacked, and the reverse."""
-
-    missing_keys: list[str]
-    unexpected_keys: list[str]
 
 
 # ----- options and checks ------------------------------------------------------
@@ -127,31 +117,16 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-# ----- FSDP1: its own public state-dict-type API produces the native values --------
+# ----- FSDP1: the oracle of its state-dict types produces the native values --------
 
 
 def _has_fsdp1(model: nn.Module) -> bool:
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
-@contextlib.contextmanager
-def _fsdp1_state_dict_type(model: nn.Module, full: bool) -> Iterator[None]:
-    """FSDP1's FULL (gathered on every rank, on device) or SHARDED type, for get and load.
-
-    Offload and rank-0-only results are applied by the oracle itself, after.
-    """
-    if not _has_fsdp1(model):
-        yield
-        return
-    kind, config = (
-        (StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=False, rank0_only=False))
-        if full
-        else (StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig())
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, kind, config):
-            yield
+def _fsdp1_type(full: bool) -> StateDictType:
+    """FULL (gathered everywhere, on device) or SHARDED; the oracle offloads and filters after."""
+    return StateDictType.FULL_STATE_DICT if full else StateDictType.SHARDED_STATE_DICT
 
 
 def _refuse_fsdp1_broadcast(model: nn.Module, options: StateDictOptions) -> None:
@@ -193,7 +168,9 @@ def get_model_state_dict(
     """
     options = _options(options)
     names = ModelNames(model, options.dsd_fqn_modifiers)
-    with _fsdp1_state_dict_type(model, full=options.full_state_dict):
+    if _has_fsdp1(model):
+        native = fsdp_state_dict(model, _fsdp1_type(options.full_state_dict))
+    else:
         native = model.state_dict()
     state = {names.fqn_of_key(key): value for key, value in native.items()}
     if submodules:
@@ -259,8 +236,11 @@ def set_model_state_dict(
     assign = False
     if options.full_state_dict and not _has_fsdp1(model):
         native, assign = _localised(native, names, options)
-    with _fsdp1_state_dict_type(model, full=options.full_state_dict):
-        result = model.load_state_dict(native, strict=options.strict, assign=assign)
+    if _has_fsdp1(model):
+        return fsdp_load_state_dict(
+            model, native, _fsdp1_type(options.full_state_dict), strict=options.strict
+        )
+    result = model.load_state_dict(native, strict=options.strict, assign=assign)
     return IncompatibleKeys(list(result.missing_keys), list(result.unexpected_keys))
 
 
