@@ -17,8 +17,8 @@ collectives, never through FSDP1's own state-dict hooks:
   parameter's flattened slice of that shard.
 
 A ``NO_SHARD`` module gives FULL_STATE_DICT with the default config whatever
-type is asked for (FSDP1 warns that it does). ``rank0_only`` gives the other
-ranks nothing of FSDP1's: no parameters, no buffers.
+type is asked for (FSDP1 warns that it does). ``rank0_only`` gives ranks
+other than global rank 0 nothing of FSDP1's: no parameters, no buffers.
 
 FULL and SHARDED give buffers back in the dtype they had before mixed
 precision cast them. Parameters of ignored modules and extra state are
