@@ -96,10 +96,14 @@ class FlatLayout:
         start = min(shard_rank * self.shard_numel, self.unsharded_numel)
         return start, min(start + self.shard_numel, self.unsharded_numel)
 
+    def unpadded_shard_numel(self, shard_rank: int) -> int:
+        """Real elements of ``shard_rank``'s shard, before its tail padding."""
+        start, end = self.shard_range(shard_rank)
+        return end - start
+
     def tail_padding(self, shard_rank: int) -> int:
         """Zeros after the real elements of ``shard_rank``'s shard."""
-        start, end = self.shard_range(shard_rank)
-        return self.shard_numel - (end - start)
+        return self.shard_numel - self.unpadded_shard_numel(shard_rank)
 
     def slices(self, shard_rank: int) -> dict[str, ParamSlice]:
         """Per FQN, the part of each parameter ``shard_rank`` holds; absent where none."""

@@ -147,12 +147,6 @@ def _in_state_dict_order(names: ModelNames) -> list[Entry]:
     return [entry for _, entry in sorted(enumerate(names.entries), key=position)]
 
 
-def valid_numel(shard: FlatParamShard, shard_rank: int) -> int:
-    """Elements of ``shard_rank``'s flat shard before its tail padding."""
-    start, end = shard.layout.shard_range(shard_rank)
-    return end - start
-
-
 def _original_buffer_dtypes(root: Any) -> dict[str, torch.dtype]:
     """Buffer dtypes before mixed precision cast them, by canonical FQN; empty without it.
 

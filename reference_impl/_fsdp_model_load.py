@@ -26,7 +26,6 @@ from reference_impl._fsdp1_model import (
     Fsdp1Model,
     Original,
     Request,
-    valid_numel,
 )
 from reference_impl._gather import full_tensor_of_dtensor, full_tensor_of_sharded_tensor
 
@@ -77,9 +76,9 @@ def fsdp_load_state_dict(
     return IncompatibleKeys(missing, unexpected)
 
 
-def _expected_keys(parts: Fsdp1Model) -> dict[str, Entry | None]:
-    """Every key the applied types' state dict has, with its entry (None for a flat shard's)."""
-    expected: dict[str, Entry | None] = {}
+def _expected_keys(parts: Fsdp1Model) -> dict[str, Entry | FlatParamShard]:
+    """Every key the applied types' state dict has, with its entry or LOCAL's flat shard."""
+    expected: dict[str, Entry | FlatParamShard] = {}
     for entry in parts.entries:
         original = parts.original_of(entry)
         if (
@@ -88,17 +87,19 @@ def _expected_keys(parts: Fsdp1Model) -> dict[str, Entry | None]:
             or original.shard.originals is not None
         ):
             expected[entry.key] = entry
-    expected.update({parts.flat_param_key(shard): None for shard in parts.local_shards()})
+    expected.update({parts.flat_param_key(shard): shard for shard in parts.local_shards()})
     return expected
 
 
-def _problems(parts: Fsdp1Model, key: str, entry: Entry | None, state_dict: StateDict) -> list[str]:
+def _problems(
+    parts: Fsdp1Model, key: str, entry: Entry | FlatParamShard, state_dict: StateDict
+) -> list[str]:
     """What is wrong with this rank's value for ``key``, naming it; nothing if it is absent."""
     if key not in state_dict:
         return []
     value = state_dict[key]
-    if entry is None:
-        return _local_flat_shard_problems(parts, key, value)
+    if isinstance(entry, FlatParamShard):
+        return _local_flat_shard_problems(entry, key, value)
     if entry.value is None:
         return []  # extra state: whatever ``set_extra_state`` takes
     if not isinstance(value, torch.Tensor):
@@ -120,8 +121,7 @@ def _wanted_shape(entry: Entry, original: Original | None, kind: StateDictType) 
     return original.local_slice().shape if kind == LOCAL else original.segment.shape
 
 
-def _local_flat_shard_problems(parts: Fsdp1Model, key: str, value: Any) -> list[str]:
-    shard = next(s for s in parts.local_shards() if parts.flat_param_key(s) == key)
+def _local_flat_shard_problems(shard: FlatParamShard, key: str, value: Any) -> list[str]:
     if not isinstance(value, ShardedTensor):
         return [f"{key}: a {type(value).__name__}, not the ShardedTensor of a local state dict"]
     if tuple(value.shape) != (shard.layout.unsharded_numel,):
@@ -129,7 +129,7 @@ def _local_flat_shard_problems(parts: Fsdp1Model, key: str, value: Any) -> list[
             f"{key}: shape {tuple(value.shape)}, the flat parameter's is "
             f"({shard.layout.unsharded_numel},)"
         ]
-    valid = valid_numel(shard, shard.shard_rank)
+    valid = shard.layout.unpadded_shard_numel(shard.shard_rank)
     held = [s.tensor.numel() for s in value.local_shards()]
     if held != ([valid] if valid else []):
         return [f"{key}: local shards of {held} elements; this rank's flat shard has {valid}"]
@@ -182,7 +182,7 @@ def _write_original(original: Original, full: torch.Tensor) -> None:
 
 def _write_local_flat_shard(shard: FlatParamShard, value: ShardedTensor) -> None:
     """This rank's unpadded flat shard from the state dict; the tail padding becomes zeros."""
-    valid = valid_numel(shard, shard.shard_rank)
+    valid = shard.layout.unpadded_shard_numel(shard.shard_rank)
     flat = shard.flat_param.detach()
     for piece in value.local_shards():  # one where the rank holds elements, else none
         flat[:valid].copy_(piece.tensor.reshape(-1))

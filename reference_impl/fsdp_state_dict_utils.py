@@ -47,7 +47,6 @@ from reference_impl._fsdp1_model import (
     Fsdp1Model,
     Original,
     Request,
-    valid_numel,
 )
 from reference_impl._fsdp_chunks import chunk_like_fsdp, sharded_tensor_of_row_chunks
 from reference_impl._fsdp_model_load import IncompatibleKeys, fsdp_load_state_dict
@@ -145,7 +144,7 @@ def _local_flat_shard(shard: FlatParamShard) -> ShardedTensor:
     ``requires_grad``, which the metadata records).
     """
     layout = shard.layout
-    sizes = [valid_numel(shard, r) for r in range(layout.shard_count)]
+    sizes = [layout.unpadded_shard_numel(r) for r in range(layout.shard_count)]
     chunks = [(r * layout.shard_numel, size) for r, size in enumerate(sizes) if size > 0]
     valid = sizes[shard.shard_rank]
     local = shard.flat_param[:valid] if valid > 0 else None

@@ -233,13 +233,13 @@ def set_model_state_dict(
         if missing:
             raise RuntimeError(f"rank {_rank()}: missing keys in the model state dict: {missing}")
     native = {names.key_of(fqn) or fqn: value for fqn, value in given.items()}
-    assign = False
-    if options.full_state_dict and not _has_fsdp1(model):
-        native, assign = _localised(native, names, options)
     if _has_fsdp1(model):
         return fsdp_load_state_dict(
             model, native, _fsdp1_type(options.full_state_dict), strict=options.strict
         )
+    assign = False
+    if options.full_state_dict:
+        native, assign = _localised(native, names, options)
     result = model.load_state_dict(native, strict=options.strict, assign=assign)
     return IncompatibleKeys(list(result.missing_keys), list(result.unexpected_keys))
 
@@ -328,10 +328,6 @@ def _fqn_keyed(optimizer: torch.optim.Optimizer, names: ModelNames) -> StateDict
 def _fsdp1_fqn_keyed(model: nn.Module, optimizer: torch.optim.Optimizer, full: bool) -> StateDict:
     """FSDP1's flat or ``use_orig_params`` optimizer state, FQN-keyed by the oracle of it."""
     return fsdp_optim_state_dict(model, optimizer, shard_state=not full)
-
-
-def _uncompiled(fqn: str) -> str:
-    return fqn.replace("_orig_mod.", "")
 
 
 @torch.no_grad()
