@@ -22,7 +22,11 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
-from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
+from reference_impl.fsdp_optim_utils import (
+    fsdp_optim_state_dict,
+    fsdp_optim_state_dict_to_load,
+    fsdp_rekey_optim_state_dict,
+)
 from reference_impl.fsdp_state_dict_utils import (
     IncompatibleKeys,
     fsdp_load_state_dict,
@@ -81,6 +85,7 @@ __all__ = [
     "fsdp_load_state_dict",
     "fsdp_optim_state_dict",
     "fsdp_optim_state_dict_to_load",
+    "fsdp_rekey_optim_state_dict",
     "fsdp_state_dict",
     "gather_state_dict",
     "get_model_state_dict",

@@ -46,6 +46,7 @@ def fsdp_load_state_dict(
     state_dict_type: StateDictType = FULL,
     *,
     strict: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> IncompatibleKeys:
     """Models ``model.load_state_dict(state_dict, strict)`` inside ``FSDP.state_dict_type``.
 
@@ -53,8 +54,9 @@ def fsdp_load_state_dict(
     over the shard group), LOCAL each flat shard's ShardedTensor; each rank
     writes its part of every original parameter into its flat shard, and
     zeros into the padding. With ``strict``, missing or unexpected keys
-    raise before anything is written. Every rank must call it;
-    ``state_dict`` is not changed.
+    raise before anything is written. Every rank of ``group`` (the ranks
+    the model spans; default: the world) must call it; ``state_dict`` is
+    not changed.
     """
     parts = Fsdp1Model(model, Request.of(state_dict_type, None))
     expected = _expected_keys(parts)
@@ -65,7 +67,7 @@ def fsdp_load_state_dict(
     ]
     if strict and (missing or unexpected):
         problems.append(f"missing keys {missing}, unexpected keys {unexpected}")
-    _agree_on(problems, present=sorted(set(expected) & set(state_dict)))
+    _agree_on(problems, sorted(set(expected) & set(state_dict)), group)
     for shard in parts.local_shards():
         key = parts.flat_param_key(shard)
         if key in state_dict:
@@ -136,18 +138,21 @@ def _local_flat_shard_problems(shard: FlatParamShard, key: str, value: Any) -> l
     return []
 
 
-def _agree_on(problems: list[str], present: list[str]) -> None:
+def _agree_on(problems: list[str], present: list[str], group: dist.ProcessGroup | None) -> None:
     """Raise the same error on every rank if any rank's input is wrong or holds other keys."""
     everyones: list[Any] = [(problems, present)]
+    ranks = [0]
     if dist.is_initialized():
-        everyones = [None] * dist.get_world_size()
-        dist.all_gather_object(everyones, (problems, present))
-    report = [f"rank {rank}: {p}" for rank, (found, _) in enumerate(everyones) for p in found]
+        everyones = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyones, (problems, present), group=group)
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    by_rank = list(zip(ranks, everyones, strict=True))
+    report = [f"rank {rank}: {p}" for rank, (found, _) in by_rank for p in found]
     first = set(everyones[0][1])
-    for rank, (_, keys) in enumerate(everyones):
+    for rank, (_, keys) in by_rank:
         differing = sorted(set(keys) ^ first)
         if differing:
-            report.append(f"rank {rank}: holds other keys than rank 0: {differing}")
+            report.append(f"rank {rank}: holds other keys than rank {ranks[0]}: {differing}")
     if report:
         raise ValueError("cannot load the FSDP1 state dict: " + "; ".join(report))
 

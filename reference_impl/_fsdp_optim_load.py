@@ -5,7 +5,7 @@ DTensor) per-parameter state becomes, on each rank, a flat parameter's flat
 shard of state (the originals' flattened values laid out as the flat
 parameter is, zeros for padding, cut to the rank's shard), or, under
 ``use_orig_params``, each original parameter's flattened slice. The result
-is keyed by the rank's optimizer's parameter IDs, ready for
+is keyed as the rank's optimizer keys its state (IDs, or names), ready for
 ``Optimizer.load_state_dict``; each parameter's state is in name order.
 """
 
@@ -15,31 +15,47 @@ import copy
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from reference_impl._flat_layout import FlatParamShard, flat_param_shards
 from reference_impl._fqn import ModelNames
 from reference_impl._optim_flat import PARAM_GROUPS, PARAMS, STATE, StateDict
+from reference_impl._optim_keys import ParamKey, parameter_keys
+from reference_impl._tree_broadcast import broadcast_tree
 from reference_impl.state_dict_utils import gather_state_dict
 
 
 def fsdp_optim_state_dict_to_load(
-    model: nn.Module, optimizer: torch.optim.Optimizer, optim_state_dict: StateDict
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    optim_state_dict: StateDict | None,
+    *,
+    rank0_only: bool = False,
+    is_named_optimizer: bool = False,
+    group: dist.ProcessGroup | None = None,
 ) -> StateDict:
     """Models ``FSDP.optim_state_dict_to_load``: FQN-keyed state to this rank's optimizer's.
 
-    Every rank must call it (sharded state is gathered). State for
-    parameters the optimizer does not hold is dropped; keys that name no
-    parameter or buffer of the model are kept as they are. ``ValueError``
-    names the FQNs where a flat parameter's originals disagree (state names,
-    zero-dim values) or a value has the wrong shape.
+    With ``rank0_only`` only rank 0 of ``group`` (default: the world) reads
+    ``optim_state_dict`` and broadcasts it (``scatter_full_optim_state_dict``);
+    the others may pass None. Every rank must call it (sharded state is
+    gathered). Keys are the optimizer's parameter IDs or, with
+    ``is_named_optimizer``, the parameters' names in ``model`` (an original
+    parameter without a slice on this rank then keeps the optimizer's own
+    state). State for parameters the optimizer does not hold is dropped;
+    keys that name no parameter or buffer of the model are kept as they are.
+    ``ValueError`` names the FQNs where a flat parameter's originals disagree
+    (state names, zero-dim values) or a value has the wrong shape.
     """
-    if STATE not in optim_state_dict:
+    if rank0_only:
+        optim_state_dict = broadcast_tree(optim_state_dict, _compute_device(model), group)
+    if optim_state_dict is None or STATE not in optim_state_dict:
         raise ValueError('the optimizer state dict has no "state"')
     saved: StateDict = optim_state_dict[STATE]
     names = ModelNames(model)
-    ids = _parameter_ids(optimizer)
-    fqn_ids: dict[str, int] = {}
+    keys = parameter_keys(model, optimizer, is_named_optimizer)
+    fqn_keys: dict[str, ParamKey] = {}
     state: dict[Any, Any] = {}
     claimed: set[str] = set()
     for shard in flat_param_shards(model):
@@ -47,24 +63,26 @@ def fsdp_optim_state_dict_to_load(
         claimed.update(fqns)
         originals = shard.originals
         if originals is None:
-            if shard.flat_param in ids:
-                fqn_ids.update(dict.fromkeys(fqns, ids[shard.flat_param]))
+            if shard.flat_param in keys:
+                fqn_keys.update(dict.fromkeys(fqns, keys[shard.flat_param]))
                 flat = _flat_state(shard, [saved.get(fqn) for fqn in fqns], fqns)
                 if flat:
-                    state[ids[shard.flat_param]] = flat
+                    state[keys[shard.flat_param]] = flat
             continue
         for segment, param, fqn in zip(shard.layout.segments, originals, fqns, strict=True):
-            if param in ids:
-                fqn_ids[fqn] = ids[param]
+            if param in keys:
+                fqn_keys[fqn] = keys[param]
                 sliced = _slice_state(shard, segment.fqn, saved.get(fqn))
                 if sliced:
-                    state[ids[param]] = sliced
-    for param, index in ids.items():
-        fqn = names.fqn_of_param(param)
+                    state[keys[param]] = sliced
+                elif is_named_optimizer and param in optimizer.state:
+                    state[keys[param]] = copy.deepcopy(optimizer.state[param])
+    for held, key in keys.items():
+        fqn = names.fqn_of_param(held)
         if fqn not in claimed:
-            fqn_ids[fqn] = index
+            fqn_keys[fqn] = key
             if fqn in saved:
-                state[index] = copy.copy(saved[fqn])
+                state[key] = copy.copy(saved[fqn])
             claimed.add(fqn)
     for key, value in saved.items():
         if key not in claimed and names.key_of(key) is None:
@@ -72,16 +90,18 @@ def fsdp_optim_state_dict_to_load(
     result: StateDict = {STATE: state}
     if PARAM_GROUPS in optim_state_dict:
         result[PARAM_GROUPS] = [
-            {**copy.deepcopy(group), PARAMS: sorted({fqn_ids[f] for f in group[PARAMS]})}
+            {**copy.deepcopy(group), PARAMS: sorted({fqn_keys[f] for f in group[PARAMS]})}
             for group in optim_state_dict[PARAM_GROUPS]
         ]
     return result
 
 
-def _parameter_ids(optimizer: torch.optim.Optimizer) -> dict[Any, int]:
-    """``Optimizer.state_dict``'s IDs: positions in the param groups, in order."""
-    params = [p for group in optimizer.param_groups for p in group[PARAMS]]
-    return {param: index for index, param in enumerate(params)}
+def _compute_device(model: nn.Module) -> torch.device:
+    """Where FSDP1 computes: its flat parameters' device."""
+    shards = flat_param_shards(model)
+    if not shards:
+        raise ValueError("the model has no FSDP1 module with parameters")
+    return shards[0].flat_param.device
 
 
 def _full(shard: FlatParamShard, state: dict[str, Any]) -> dict[str, Any]:

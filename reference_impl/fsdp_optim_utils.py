@@ -26,9 +26,18 @@ from reference_impl._flat_layout import FlatParamShard, flat_param_shards
 from reference_impl._fqn import ModelNames
 from reference_impl._fsdp_chunks import chunk_like_fsdp
 from reference_impl._fsdp_optim_load import fsdp_optim_state_dict_to_load
+from reference_impl._fsdp_optim_rekey import fsdp_rekey_optim_state_dict
 from reference_impl._optim_flat import PARAM_GROUPS, PARAMS, STATE, StateDict
+from reference_impl._optim_keys import ParamKey, is_named, parameter_keys
 
-__all__ = ["fsdp_optim_state_dict", "fsdp_optim_state_dict_to_load"]
+__all__ = [
+    "fsdp_optim_state_dict",
+    "fsdp_optim_state_dict_to_load",
+    "fsdp_rekey_optim_state_dict",
+]
+
+
+Held = dict[torch.Tensor, dict[str, Any]]  # this rank's optimizer state per parameter
 
 
 @dataclass
@@ -57,50 +66,93 @@ class _Options:
     to_save: bool
     shard_state: bool
     cpu_offload: bool
+    use_dtensor: bool
 
 
 def fsdp_optim_state_dict(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
+    optim_state_dict: StateDict | None = None,
     *,
     rank0_only: bool = False,
     shard_state: bool = False,
     cpu_offload: bool = False,
+    use_dtensor: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> StateDict:
     """Models ``_optim_state_dict`` (``FSDP.optim_state_dict``): FQN-keyed optimizer state.
 
-    Full state on every rank, on rank 0 only (``rank0_only``; ``{}``
-    elsewhere), or sharded (``shard_state``: each tensor chunked along dim 0
-    over the shard group, as FSDP1's sharded model state dicts are).
-    Parameters without state on any rank are left out, as
-    ``Optimizer.state_dict`` leaves them out. Every rank must call it.
+    Converts ``optim_state_dict`` (default: ``optimizer.state_dict()``;
+    keyed by parameter IDs or, NamedOptimizer-style, by parameter names) to
+    full state on every rank, on rank 0 of ``group`` only (``rank0_only``;
+    ``{}`` elsewhere), or sharded (``shard_state``: each tensor chunked
+    along dim 0 over the shard group, as FSDP1's sharded model state dicts
+    are: a DTensor where the FSDP1 module has a device mesh, else, or
+    without ``use_dtensor`` as the legacy ``sharded_optim_state_dict``
+    gives, a ShardedTensor). Parameters without state on any rank are left out, as
+    ``Optimizer.state_dict`` leaves them out; keys that name no parameter
+    (user state) are kept as they are, last; ``param_groups`` only if the
+    input has them. Every rank of ``group`` (default: the world) must call it.
     """
     if rank0_only and shard_state:
         raise ValueError("rank0_only and shard_state exclude each other")
-    options = _Options(not rank0_only or dist.get_rank() == 0, shard_state, cpu_offload)
+    source = optimizer.state_dict() if optim_state_dict is None else optim_state_dict
+    if STATE not in source:
+        raise ValueError('the optimizer state dict has no "state"')
+    to_save = not rank0_only or dist.get_rank(group) == 0
+    options = _Options(to_save, shard_state, cpu_offload, use_dtensor)
+    key_of = parameter_keys(model, optimizer, is_named(source))
+    param_of = {key: param for param, key in key_of.items()}
+    held = {param_of[key]: s for key, s in source[STATE].items() if key in param_of}
     names = ModelNames(model)
     shards = flat_param_shards(model)
-    infos = _gather_state_infos(optimizer, shards)
+    infos = _gather_state_infos(held, shards, group)
     state: StateDict = {}
     for index, shard in enumerate(shards):
-        state.update(_convert_flat_param_state(optimizer, shard, infos, index, options))
+        state.update(_convert_flat_param_state(held, shard, infos, index, options))
     managed = _fsdp_managed(shards)
-    for param, param_state in optimizer.state.items():
+    for param, param_state in held.items():
         if id(param) not in managed and options.to_save:
             state[names.fqn_of_param(param)] = _offloaded(copy.copy(param_state), cpu_offload)
     if not options.to_save:
         return {}
-    groups = _param_groups(optimizer, names, shards)
-    return {STATE: _in_upstream_order(state, groups, shards), PARAM_GROUPS: groups}
+    fqns_of = _fqns_by_key(key_of, names, shards)
+    result: StateDict = {STATE: _in_upstream_order(state, fqns_of, shards)}
+    for key, value in source[STATE].items():
+        if key not in param_of:
+            result[STATE][key] = value  # user state, not tied to a parameter
+    if PARAM_GROUPS in source:
+        result[PARAM_GROUPS] = [_named_group(g, fqns_of) for g in source[PARAM_GROUPS]]
+    return result
+
+
+def _fqns_by_key(
+    key_of: dict[torch.Tensor, ParamKey], names: ModelNames, shards: list[FlatParamShard]
+) -> dict[ParamKey, list[str]]:
+    """Each parameter key's FQNs: a flat parameter's are all of its originals'."""
+    flat_fqns = {id(shard.flat_param): shard.fqns for shard in shards}
+    return {
+        key: flat_fqns.get(id(param)) or [names.fqn_of_param(param)]
+        for param, key in key_of.items()
+    }
+
+
+def _named_group(group: dict[str, Any], fqns_of: dict[ParamKey, list[str]]) -> dict[str, Any]:
+    """A param group with its parameters named by FQN (a flat one by all of its originals')."""
+    unknown = [key for key in group[PARAMS] if key not in fqns_of]
+    if unknown:
+        raise ValueError(f"param_groups: {unknown} name no parameter of the optimizer")
+    hyperparameters = copy.deepcopy({k: v for k, v in group.items() if k != PARAMS})
+    return {**hyperparameters, PARAMS: [fqn for key in group[PARAMS] for fqn in fqns_of[key]]}
 
 
 def _in_upstream_order(
-    state: StateDict, groups: list[dict[str, Any]], shards: list[FlatParamShard]
+    state: StateDict, fqns_of: dict[ParamKey, list[str]], shards: list[FlatParamShard]
 ) -> StateDict:
     """Sorted by FQN under ``use_orig_params`` (ranks merge their keys); else optimizer order."""
     if any(shard.originals is not None for shard in shards):
         return dict(sorted(state.items()))
-    position = {fqn: i for i, fqn in enumerate(f for g in groups for f in g[PARAMS])}
+    position = {fqn: i for i, fqn in enumerate(f for fqns in fqns_of.values() for f in fqns)}
     return dict(sorted(state.items(), key=lambda item: position.get(item[0], len(position))))
 
 
@@ -111,47 +163,53 @@ def _fsdp_managed(shards: list[FlatParamShard]) -> set[int]:
     return managed
 
 
-def _local_states(optimizer: torch.optim.Optimizer, shard: FlatParamShard) -> dict[str, Any]:
+def _local_states(held: Held, shard: FlatParamShard) -> dict[str, Any]:
     """This rank's optimizer state per original FQN (relative), or under ``""`` for the flat one."""
     originals = shard.originals
     if originals is None:
-        flat_state = optimizer.state.get(shard.flat_param)
+        flat_state = held.get(shard.flat_param)
         return {} if flat_state is None else {"": flat_state}
     return {
-        segment.fqn: optimizer.state[param]
+        segment.fqn: held[param]
         for segment, param in zip(shard.layout.segments, originals, strict=True)
-        if param in optimizer.state
+        if param in held
     }
 
 
 def _gather_state_infos(
-    optimizer: torch.optim.Optimizer, shards: list[FlatParamShard]
-) -> list[list[dict[str, _StateInfo]]]:
-    """Per rank, per flat parameter: what that rank's optimizer holds (one collective)."""
+    held: Held, shards: list[FlatParamShard], group: dist.ProcessGroup | None
+) -> dict[int, list[dict[str, _StateInfo]]]:
+    """Per global rank in ``group``, per flat parameter: what its optimizer holds (one gather)."""
     mine = [
-        {fqn: _StateInfo.of(state) for fqn, state in _local_states(optimizer, shard).items()}
+        {fqn: _StateInfo.of(state) for fqn, state in _local_states(held, shard).items()}
         for shard in shards
     ]
-    everyones: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyones, mine)
-    return everyones
+    everyones: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyones, mine, group=group)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return dict(zip(ranks, everyones, strict=True))
 
 
 def _convert_flat_param_state(
-    optimizer: torch.optim.Optimizer,
+    held: Held,
     shard: FlatParamShard,
-    infos: list[list[dict[str, _StateInfo]]],
+    infos: dict[int, list[dict[str, _StateInfo]]],
     index: int,
     options: _Options,
 ) -> StateDict:
-    group_infos = [infos[r][index] for r in dist.get_process_group_ranks(shard.group)]
+    try:
+        group_infos = [infos[r][index] for r in dist.get_process_group_ranks(shard.group)]
+    except KeyError as missing:
+        raise ValueError(
+            f"{shard.fqns}: rank {missing.args[0]} of the shard group is not in the group given"
+        ) from None
     if shard.originals is None:
-        return _convert_flat(optimizer, shard, group_infos, options)
-    return _convert_originals(optimizer, shard, group_infos, options)
+        return _convert_flat(held, shard, group_infos, options)
+    return _convert_originals(held, shard, group_infos, options)
 
 
 def _convert_flat(
-    optimizer: torch.optim.Optimizer,
+    held: Held,
     shard: FlatParamShard,
     group_infos: list[dict[str, _StateInfo]],
     options: _Options,
@@ -162,7 +220,7 @@ def _convert_flat(
         return {}
     if not all(holders):
         raise ValueError(f"{shard.fqns}: optimizer state on some ranks of the shard group only")
-    flat_state = dict(sorted(optimizer.state[shard.flat_param].items()))
+    flat_state = dict(sorted(held[shard.flat_param].items()))
     tensors = {n: shard.unsharded(v) for n, v in flat_state.items() if _positive_dim(v)}
     zero_dim = {
         n: _offloaded(v.detach().clone(), options.cpu_offload)
@@ -185,13 +243,13 @@ def _positive_dim(value: Any) -> bool:
 
 
 def _convert_originals(
-    optimizer: torch.optim.Optimizer,
+    held: Held,
     shard: FlatParamShard,
     group_infos: list[dict[str, _StateInfo]],
     options: _Options,
 ) -> StateDict:
     """Original parameters' slices of state: gathered into one flat buffer per state name."""
-    local = _local_states(optimizer, shard)
+    local = _local_states(held, shard)
     with_state = [s for s in shard.layout.segments if any(s.fqn in info for info in group_infos)]
     names = sorted({n for info in group_infos for i in info.values() for n in i.tensors})
     full: dict[str, torch.Tensor] = {}
@@ -201,10 +259,11 @@ def _convert_originals(
             dtype=_dtype_of(name, group_infos),
             device=shard.flat_param.device,
         )
-        for fqn, held in shard.layout.slices(shard.shard_rank).items():
+        for fqn, held_slice in shard.layout.slices(shard.shard_rank).items():
             value = local.get(fqn, {}).get(name)
             if value is not None:
-                buffer[held.offset_in_shard : held.offset_in_shard + held.numel] = value.reshape(-1)
+                start = held_slice.offset_in_shard
+                buffer[start : start + held_slice.numel] = value.reshape(-1)
         full[name] = shard.unsharded(buffer)
     result: StateDict = {}
     for segment in with_state:
@@ -236,7 +295,7 @@ def _holding(infos: list[_StateInfo]) -> Iterator[_StateInfo]:
 def _finish(piece: torch.Tensor, shard: FlatParamShard, options: _Options) -> Any:
     """A full per-parameter tensor as the result holds it: chunked, copied, offloaded."""
     if options.shard_state:
-        return chunk_like_fsdp(piece, shard.group, shard.mesh)
+        return chunk_like_fsdp(piece, shard.group, shard.mesh if options.use_dtensor else None)
     return _offloaded(piece.clone(), options.cpu_offload)
 
 
@@ -244,22 +303,3 @@ def _offloaded(value: Any, cpu_offload: bool) -> Any:
     if isinstance(value, dict):
         return {k: _offloaded(v, cpu_offload) for k, v in value.items()}
     return value.cpu() if cpu_offload and isinstance(value, torch.Tensor) else value
-
-
-def _param_groups(
-    optimizer: torch.optim.Optimizer, names: ModelNames, shards: list[FlatParamShard]
-) -> list[dict[str, Any]]:
-    """The optimizer's groups with each parameter named by FQN (a flat one by all of its)."""
-    flat_fqns = {id(shard.flat_param): shard.fqns for shard in shards}
-    groups = []
-    for saved, live in zip(
-        optimizer.state_dict()[PARAM_GROUPS], optimizer.param_groups, strict=True
-    ):
-        fqns = [
-            fqn
-            for param in live[PARAMS]
-            for fqn in flat_fqns.get(id(param)) or [names.fqn_of_param(param)]
-        ]
-        hyperparameters = {k: copy.deepcopy(v) for k, v in saved.items() if k != PARAMS}
-        groups.append({**hyperparameters, PARAMS: fqns})
-    return groups

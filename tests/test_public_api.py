@@ -54,6 +54,7 @@ def test_reference_impl_public_names() -> None:
         "fsdp_load_state_dict",
         "fsdp_optim_state_dict",
         "fsdp_optim_state_dict_to_load",
+        "fsdp_rekey_optim_state_dict",
         "fsdp_state_dict",
         "gather_state_dict",
         "get_model_state_dict",
