@@ -102,7 +102,8 @@ def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(wor
 
 @pytest.mark.world(2)
 def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
-    """``rekey_optim_state_dict(PARAM_ID)`` gives a state dict the optimizer loads as it is."""
+    """``rekey_optim_state_dict(PARAM_ID)`` given the wrapped model keys each FQN by its
+    original parameter's position: the result loads into an unwrapped model's Adam as is."""
     from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
 
     model = _wrapped("fsdp1_full_shard_flat", world)
@@ -114,7 +115,12 @@ def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
         rekeyed = FullyShardedDataParallel.rekey_optim_state_dict(
             full, OptimStateKeyType.PARAM_ID, model
         )
-    assert sorted(rekeyed["state"]) == list(range(len(rekeyed["state"])))
+    plain = seeded_mlp()
+    plain_optimizer = _adam(plain)
+    plain_optimizer.load_state_dict(rekeyed)
+    names = {param: fqn for fqn, param in plain.named_parameters()}
+    loaded = {names[param]: state for param, state in plain_optimizer.state.items()}
+    assert_state_dict_equal(loaded, ground_truth(steps=2).optimizer_state)
 
 
 @pytest.mark.world(2)
