@@ -56,6 +56,40 @@ def _assert_tensor_equal(
         _raise_first_difference(close, actual, expected, path, ("got", "expected"), note)
 
 
+def assert_no_state_tensors_overlap(state: Mapping[str, Mapping[str, Any]]) -> None:
+    """Assert no two tensors of an optimizer's ``state`` share memory on this rank.
+
+    An optimizer that loads the entries updates each in place: a ``step`` shared by
+    two parameters would count every step twice. (Disjoint views of one buffer are fine.)
+    """
+    seen: dict[int, list[tuple[int, int, str]]] = {}
+    for key, entry in state.items():
+        for name, value in entry.items():
+            for tensor in _local_tensors(value):
+                storage, first, last = _byte_span(tensor)
+                for other_first, other_last, owner in seen.get(storage, []):
+                    if first < other_last and other_first < last:
+                        raise AssertionError(f"{key}.{name} shares memory with {owner}")
+                seen.setdefault(storage, []).append((first, last, f"{key}.{name}"))
+
+
+def _local_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors a state value holds on this rank (none for non-tensors)."""
+    if isinstance(value, ShardedTensor):
+        return [shard.tensor for shard in value.local_shards()]
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """The storage a tensor views and the bytes ``[first, last)`` of it that it can reach."""
+    reach = zip(tensor.shape, tensor.stride(), strict=True)
+    elements = 1 + sum((size - 1) * stride for size, stride in reach) if tensor.numel() else 0
+    first = tensor.storage_offset() * tensor.element_size()
+    return tensor.untyped_storage().data_ptr(), first, first + elements * tensor.element_size()
+
+
 def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<root>") -> None:
     """Assert the torch build's result and the oracle's are the same, leaf by leaf.
 

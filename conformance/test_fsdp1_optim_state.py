@@ -25,7 +25,11 @@ from torch.distributed.fsdp import (
 )
 
 import reference_impl as ri
-from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._compare import (
+    assert_no_state_tensors_overlap,
+    assert_state_dict_equal,
+    assert_trees_identical,
+)
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
@@ -80,6 +84,22 @@ def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
 
 
 @pytest.mark.world(2, 4)
+@pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_no_two_state_tensors_share_memory(world, name, config):
+    """Loaded into an optimizer over separate parameters (``use_orig_params``, another
+    wrapping, no FSDP), every state tensor is updated in place: none may alias another.
+    Each cell runs at its smallest world size."""
+    OPTIMIZERS["adam"].skip_unless_covered(PARALLELISMS[name], world.size)
+    model, optimizer = _trained(world, name, "adam")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
+            theirs = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+    assert_no_state_tensors_overlap(theirs.get("state", {}))  # rank0_only: {} on other ranks
+
+
+@pytest.mark.world(2, 4)
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     """The oracle on its own: gathered FSDP1 state is the single-process Adam state, exactly."""
@@ -90,6 +110,7 @@ def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     truth = ground_truth(steps=2, recipe=OPTIMIZERS["adam"])
     ours = ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True)
     assert_state_dict_equal(ours["state"], truth.optimizer_state)
+    assert_no_state_tensors_overlap(ours["state"])
     assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in truth.param_groups]
 
 

@@ -222,6 +222,26 @@ def test_fsdp1_offloaded_optimizer_state_with_orig_params_equals_single_process(
     assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
 
 
+@pytest.mark.world(2)
+@pytest.mark.parametrize("loaded_by", ["ddp", "fsdp1_full_shard_orig"])
+def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, loaded_by):
+    """A flat parameter's full optimizer state, loaded by a model whose optimizer holds the
+    original parameters, trains on as a single process does. On 2.13 every entry of one flat
+    parameter holds the same ``step`` tensor, which Adam then advances once per parameter."""
+    source = _wrapped("fsdp1_full_shard_flat", world)
+    source_optimizer = _adam(source)
+    train(source, source_optimizer, steps=2)
+    model_state = get_model_state_dict(source, options=FULL)
+    optim_state = get_optimizer_state_dict(source, source_optimizer, options=FULL)
+    target = _wrapped(loaded_by, world)
+    target_optimizer = _adam(target)
+    set_model_state_dict(target, model_state, options=FULL)
+    set_optimizer_state_dict(target, target_optimizer, optim_state, options=FULL)
+    train(target, target_optimizer, steps=1, start=2)
+    state = get_optimizer_state_dict(target, target_optimizer, options=FULL)["state"]
+    assert_state_dict_equal(state, ground_truth(steps=3).optimizer_state)
+
+
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
 
 

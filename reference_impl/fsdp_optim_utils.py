@@ -8,7 +8,8 @@ that parameter, empty or absent where the rank holds none of it. Both become
 per-parameter state keyed by canonical FQN: tensor state is gathered over
 the shard group and cut back into each parameter's shape (see
 ``reference_impl._flat_layout``); zero-dim tensor state and other values are
-taken as they are. ``fsdp_optim_state_dict_to_load`` goes the other way.
+taken as they are, each parameter with its own copy of a flat parameter's.
+``fsdp_optim_state_dict_to_load`` goes the other way.
 """
 
 from __future__ import annotations
@@ -222,11 +223,7 @@ def _convert_flat(
         raise ValueError(f"{shard.fqns}: optimizer state on some ranks of the shard group only")
     flat_state = dict(sorted(held[shard.flat_param].items()))
     tensors = {n: shard.unsharded(v) for n, v in flat_state.items() if _positive_dim(v)}
-    zero_dim = {
-        n: _offloaded(v.detach().clone(), options.cpu_offload)
-        for n, v in flat_state.items()
-        if isinstance(v, torch.Tensor) and v.dim() == 0
-    }
+    zero_dim = {n: v for n, v in flat_state.items() if isinstance(v, torch.Tensor) and v.dim() == 0}
     others = {n: v for n, v in flat_state.items() if not isinstance(v, torch.Tensor)}
     result: StateDict = {}
     for segment in shard.layout.segments:
@@ -234,7 +231,12 @@ def _convert_flat(
             name: _finish(flat[segment.start : segment.end].view(segment.shape), shard, options)
             for name, flat in tensors.items()
         }
-        result[shard.canonical(segment.fqn)] = {**entry, **zero_dim, **others}
+        # Each parameter owns its copy: an optimizer that loads the entries for separate
+        # parameters steps each one, and a shared ``step`` would count every step N times.
+        owned = {
+            n: _offloaded(v.detach().clone(), options.cpu_offload) for n, v in zero_dim.items()
+        }
+        result[shard.canonical(segment.fqn)] = {**entry, **owned, **others}
     return result
 
 
