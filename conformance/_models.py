@@ -45,8 +45,12 @@ def train(
     optimizer: torch.optim.Optimizer,
     steps: int,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    start: int = 0,
 ) -> None:
-    for step in range(steps):
+    """``steps`` training steps on batches ``start, start + 1, ...``: resuming after a load
+    at ``start`` trains on what an uninterrupted run would."""
+    for step in range(start, start + steps):
         optimizer.zero_grad()
         model(batch(step)).pow(2).mean().backward()
         optimizer.step()

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from torch import nn
 
+from conformance._subworld import SubWorld
+
 Wrap = Callable[[nn.Module, Any], nn.Module]
 
 
@@ -73,6 +75,8 @@ def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
             "sharding_strategy": ShardingStrategy[strategy],
         }
         mesh = _hybrid_mesh(world) if hybrid else None
+        if isinstance(world, SubWorld):
+            options["process_group"] = world.group
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD is deprecated
             if nested:
