@@ -154,6 +154,8 @@ def _flat_state(
 
 def _flatten_one(shard: FlatParamShard, name: str, values: list[Any], fqns: list[str]) -> Any:
     known = [v for v in values if v is not None]
+    if not known:
+        return None  # a value that is None for every original stays None
     if all(isinstance(v, torch.Tensor) and v.dim() > 0 for v in known):
         return _flat_tensor(shard, name, values, fqns)
     if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in known):

@@ -107,7 +107,9 @@ def fsdp_optim_state_dict(
     held = {param_of[key]: s for key, s in source[STATE].items() if key in param_of}
     names = ModelNames(model)
     shards = flat_param_shards(model)
-    infos = _gather_state_infos(held, shards, group)
+    fqns_of = _fqns_by_key(key_of, names, shards)
+    order = [fqn for key, fqns in fqns_of.items() if key in source[STATE] for fqn in fqns]
+    infos, first_ranks_order = _gather_state_infos(held, shards, order, group)
     state: StateDict = {}
     for index, shard in enumerate(shards):
         state.update(_convert_flat_param_state(held, shard, infos, index, options))
@@ -117,8 +119,7 @@ def fsdp_optim_state_dict(
             state[names.fqn_of_param(param)] = _offloaded(copy.copy(param_state), cpu_offload)
     if not options.to_save:
         return {}
-    fqns_of = _fqns_by_key(key_of, names, shards)
-    result: StateDict = {STATE: _in_upstream_order(state, fqns_of, shards)}
+    result: StateDict = {STATE: _in_upstream_order(state, first_ranks_order, shards)}
     for key, value in source[STATE].items():
         if key not in param_of:
             result[STATE][key] = value  # user state, not tied to a parameter
@@ -143,17 +144,18 @@ def _named_group(group: dict[str, Any], fqns_of: dict[ParamKey, list[str]]) -> d
     unknown = [key for key in group[PARAMS] if key not in fqns_of]
     if unknown:
         raise ValueError(f"param_groups: {unknown} name no parameter of the optimizer")
-    hyperparameters = copy.deepcopy({k: v for k, v in group.items() if k != PARAMS})
-    return {**hyperparameters, PARAMS: [fqn for key in group[PARAMS] for fqn in fqns_of[key]]}
+    named = [fqn for key in group[PARAMS] for fqn in fqns_of[key]]
+    return {k: named if k == PARAMS else copy.deepcopy(v) for k, v in group.items()}  # same order
 
 
 def _in_upstream_order(
-    state: StateDict, fqns_of: dict[ParamKey, list[str]], shards: list[FlatParamShard]
+    state: StateDict, first_ranks_order: list[str], shards: list[FlatParamShard]
 ) -> StateDict:
-    """Sorted by FQN under ``use_orig_params`` (ranks merge their keys); else optimizer order."""
+    """Sorted by FQN under ``use_orig_params`` (ranks merge their keys); else in the order of
+    the group's first rank's optimizer (it tells the others which keys come)."""
     if any(shard.originals is not None for shard in shards):
         return dict(sorted(state.items()))
-    position = {fqn: i for i, fqn in enumerate(f for fqns in fqns_of.values() for f in fqns)}
+    position = {fqn: i for i, fqn in enumerate(first_ranks_order)}
     return dict(sorted(state.items(), key=lambda item: position.get(item[0], len(position))))
 
 
@@ -178,17 +180,19 @@ def _local_states(held: Held, shard: FlatParamShard) -> dict[str, Any]:
 
 
 def _gather_state_infos(
-    held: Held, shards: list[FlatParamShard], group: dist.ProcessGroup | None
-) -> dict[int, list[dict[str, _StateInfo]]]:
-    """Per global rank in ``group``, per flat parameter: what its optimizer holds (one gather)."""
+    held: Held, shards: list[FlatParamShard], order: list[str], group: dist.ProcessGroup | None
+) -> tuple[dict[int, list[dict[str, _StateInfo]]], list[str]]:
+    """Per global rank in ``group``, per flat parameter: what its optimizer holds; and the
+    first rank's ``order`` of FQNs with state (one gather)."""
     mine = [
         {fqn: _StateInfo.of(state) for fqn, state in _local_states(held, shard).items()}
         for shard in shards
     ]
     everyones: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyones, mine, group=group)
+    dist.all_gather_object(everyones, (mine, order), group=group)
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    return dict(zip(ranks, everyones, strict=True))
+    infos = {rank: rank_infos for rank, (rank_infos, _) in zip(ranks, everyones, strict=True)}
+    return infos, everyones[0][1]
 
 
 def _convert_flat_param_state(

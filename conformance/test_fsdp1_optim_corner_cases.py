@@ -1,0 +1,152 @@
+"""FSDP1 optimizer state in the corners upstream's ``test_fsdp_optim_state.py`` covers.
+
+Each case builds an optimizer over an FSDP1 cell in an unusual way (no step
+taken yet, a parameter order that differs between ranks, user values in a
+parameter's state, a NamedOptimizer keyed by names) and holds torch to the
+oracle: ``FSDP.optim_state_dict`` under the full and the sharded config,
+``FSDP.optim_state_dict_to_load`` of that, and a fresh optimizer loaded with
+it must give the saved state back. Every cell runs at its smallest world size.
+The order of names within one parameter's state is not compared here: FSDP1
+returns NO_SHARD's entries in the optimizer's own order, user values last.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.fsdp import (
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    FullyShardedDataParallel,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictType,
+)
+
+import reference_impl as ri
+from conformance._compare import assert_trees_identical
+from conformance._models import batch, seeded_mlp, train
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS
+
+FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
+LR = 0.01
+
+Build = Callable[[torch.nn.Module, int], torch.optim.Optimizer]
+
+
+def _adam(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def _adam_reversed_on_odd_ranks(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
+    """Parameter IDs then name different parameters on different ranks."""
+    params = list(model.parameters())
+    return torch.optim.Adam(params[::-1] if rank % 2 else params, lr=LR)
+
+
+def _named_adam(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
+    """A NamedOptimizer: its state dict is keyed by the wrapped model's parameter names."""
+    from torch.distributed.optim import _NamedOptimizer
+
+    return _NamedOptimizer(model.named_parameters(), torch.optim.Adam, lr=LR, module=model)
+
+
+def _no_steps(model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Nothing to train: the state is empty, the param groups are not."""
+
+
+def _two_steps(model: Any, optimizer: torch.optim.Optimizer) -> None:
+    train(model, optimizer, 2)
+
+
+def _two_steps_clearing_grads_by_the_model(model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """``_NamedOptimizer.zero_grad`` is ``Optimizer``'s, which needs the ``defaults`` it lacks."""
+    for step in range(2):
+        model.zero_grad()
+        model(batch(step)).pow(2).mean().backward()
+        optimizer.step()
+
+
+def _two_steps_then_user_values(model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Non-tensor values in every parameter's state travel as they are."""
+    train(model, optimizer, 2)
+    for state in optimizer.state.values():
+        state["user_float"] = 2.74
+        state["user_none"] = None
+
+
+# case: (optimizer builder, what happens before the save, NamedOptimizer?)
+CASES: dict[str, tuple[Build, Callable[[Any, torch.optim.Optimizer], None], bool]] = {
+    "no_step_yet": (_adam, _no_steps, False),
+    "reversed_order_on_odd_ranks": (_adam_reversed_on_odd_ranks, _two_steps, False),
+    "user_values_in_state": (_adam, _two_steps_then_user_values, False),
+    "named_optimizer": (_named_adam, _two_steps_clearing_grads_by_the_model, True),
+}
+
+
+def _settings(kind: str) -> tuple[Any, Any, Any]:
+    """Made afresh each time (FSDP1 writes into its configs); full state is not offloaded."""
+    if kind == "sharded":
+        return (
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(),
+            ShardedOptimStateDictConfig(),
+        )
+    optim_config = FullOptimStateDictConfig(offload_to_cpu=False)
+    return StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
+
+
+def _under(model: Any, kind: str, call: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with FullyShardedDataParallel.state_dict_type(model, *_settings(kind)):
+            return call()
+
+
+def _names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Each parameter's state in name order (not part of the contract)."""
+    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
+    return {**optim_state_dict, "state": state}
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
+    cell = PARALLELISMS[name]
+    OPTIMIZERS["adam"].skip_unless_covered(cell, world.size)
+    build, before_save, named = CASES[case]
+    model = cell.wrap(seeded_mlp(), world)
+    optimizer = build(model, world.rank)
+    before_save(model, optimizer)
+    sharded = kind == "sharded"
+    save = FullyShardedDataParallel.optim_state_dict
+    theirs = _under(model, kind, lambda: save(model, optimizer))
+    saved = ri.fsdp_optim_state_dict(model, optimizer, shard_state=sharded)
+    assert_trees_identical(_names_sorted(theirs), _names_sorted(saved))
+
+    fresh = build(model, world.rank)
+    if named:
+        fresh.init_state()  # a NamedOptimizer loads in place: its state must exist
+    theirs_to_load = _under(
+        model,
+        kind,
+        lambda: FullyShardedDataParallel.optim_state_dict_to_load(
+            model, fresh, copy.deepcopy(saved), is_named_optimizer=named
+        ),
+    )
+    ours_to_load = ri.fsdp_optim_state_dict_to_load(
+        model, fresh, copy.deepcopy(saved), is_named_optimizer=named
+    )
+    assert_trees_identical(_names_sorted(theirs_to_load), _names_sorted(ours_to_load))
+    # A NamedOptimizer over an FSDP1 model converts FQN-keyed state itself when loading.
+    fresh.load_state_dict(copy.deepcopy(saved) if named else ours_to_load)
+    loaded = ri.fsdp_optim_state_dict(model, fresh, shard_state=sharded)
+    assert_trees_identical(_names_sorted(loaded), _names_sorted(saved))
