@@ -14,10 +14,9 @@ import torch
 from torch import nn
 
 import reference_impl as ri
+from conformance._fsdp1 import FSDP1_CELLS
 from conformance._models import SEED, seeded_mlp
 from conformance._parallelisms import PARALLELISMS
-
-FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
 
 
 class Tiny(nn.Module):

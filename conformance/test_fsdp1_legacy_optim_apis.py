@@ -21,11 +21,11 @@ from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
 
-FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
 STEPS = 2
 
 
@@ -49,12 +49,6 @@ def _trained(world: Any, name: str) -> tuple[torch.nn.Module, torch.optim.Optimi
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
     return model, optimizer
-
-
-def _names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Each parameter's state in name order (FSDP1 iterates a set; the order is no contract)."""
-    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
-    return {**optim_state_dict, "state": state}
 
 
 # The legacy save APIs and the oracle options that model them: both offload by default.
@@ -111,7 +105,7 @@ def test_legacy_load_matches_the_oracle(world, name, api):
     theirs = _legacy_load(api, copy.deepcopy(saved), model, optimizer, world.rank)
     given = copy.deepcopy(saved) if world.rank == 0 or not rank0_only else None
     ours = ri.fsdp_optim_state_dict_to_load(model, optimizer, given, rank0_only=rank0_only)
-    assert_trees_identical(_names_sorted(theirs), ours)
+    assert_trees_identical(state_names_sorted(theirs), ours)
     fresh, _ = OPTIMIZERS["adam"].build(model)
     fresh.load_state_dict(ours)
     assert_trees_identical(ri.fsdp_optim_state_dict(model, fresh, **save_options), saved)
@@ -166,5 +160,5 @@ def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
         copy.deepcopy(theirs), model, optim=optimizer
     )
     our_sharded = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(ours))
-    assert_trees_identical(_names_sorted(sharded), our_sharded)
-    assert_trees_identical(our_sharded, _names_sorted(optimizer.state_dict()))
+    assert_trees_identical(state_names_sorted(sharded), our_sharded)
+    assert_trees_identical(our_sharded, state_names_sorted(optimizer.state_dict()))

@@ -35,10 +35,9 @@ from torch.distributed.fsdp import (
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._fsdp1 import FSDP1_CELLS
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._parallelisms import PARALLELISMS
-
-FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
 
 # Each kind's type and a factory of its config: FSDP1 writes into the configs it is given.
 KINDS: dict[str, tuple[StateDictType, Callable[[], StateDictConfig]]] = {

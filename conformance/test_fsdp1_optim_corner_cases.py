@@ -13,28 +13,20 @@ returns NO_SHARD's entries in the optimizer's own order, user values last.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import (
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
-    FullyShardedDataParallel,
-    ShardedOptimStateDictConfig,
-    ShardedStateDictConfig,
-    StateDictType,
-)
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_trees_identical
+from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
 from conformance._models import batch, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
 
-FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
 LR = 0.01
 
 Build = Callable[[torch.nn.Module, int], torch.optim.Optimizer]
@@ -90,31 +82,6 @@ CASES: dict[str, tuple[Build, Callable[[Any, torch.optim.Optimizer], None], bool
 }
 
 
-def _settings(kind: str) -> tuple[Any, Any, Any]:
-    """Made afresh each time (FSDP1 writes into its configs); full state is not offloaded."""
-    if kind == "sharded":
-        return (
-            StateDictType.SHARDED_STATE_DICT,
-            ShardedStateDictConfig(),
-            ShardedOptimStateDictConfig(),
-        )
-    optim_config = FullOptimStateDictConfig(offload_to_cpu=False)
-    return StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
-
-
-def _under(model: Any, kind: str, call: Callable[[], Any]) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, *_settings(kind)):
-            return call()
-
-
-def _names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Each parameter's state in name order (not part of the contract)."""
-    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
-    return {**optim_state_dict, "state": state}
-
-
 @pytest.mark.world(2, 4)
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -128,14 +95,14 @@ def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
     before_save(model, optimizer)
     sharded = kind == "sharded"
     save = FullyShardedDataParallel.optim_state_dict
-    theirs = _under(model, kind, lambda: save(model, optimizer))
+    theirs = under_optim_settings(model, kind, lambda: save(model, optimizer))
     saved = ri.fsdp_optim_state_dict(model, optimizer, shard_state=sharded)
-    assert_trees_identical(_names_sorted(theirs), _names_sorted(saved))
+    assert_trees_identical(state_names_sorted(theirs), state_names_sorted(saved))
 
     fresh = build(model, world.rank)
     if named:
         fresh.init_state()  # a NamedOptimizer loads in place: its state must exist
-    theirs_to_load = _under(
+    theirs_to_load = under_optim_settings(
         model,
         kind,
         lambda: FullyShardedDataParallel.optim_state_dict_to_load(
@@ -145,8 +112,8 @@ def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
     ours_to_load = ri.fsdp_optim_state_dict_to_load(
         model, fresh, copy.deepcopy(saved), is_named_optimizer=named
     )
-    assert_trees_identical(_names_sorted(theirs_to_load), _names_sorted(ours_to_load))
+    assert_trees_identical(state_names_sorted(theirs_to_load), state_names_sorted(ours_to_load))
     # A NamedOptimizer over an FSDP1 model converts FQN-keyed state itself when loading.
     fresh.load_state_dict(copy.deepcopy(saved) if named else ours_to_load)
     loaded = ri.fsdp_optim_state_dict(model, fresh, shard_state=sharded)
-    assert_trees_identical(_names_sorted(loaded), _names_sorted(saved))
+    assert_trees_identical(state_names_sorted(loaded), state_names_sorted(saved))

@@ -11,17 +11,11 @@ world size; Adam at 4 ranks as well.
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any
 
 import pytest
 from torch.distributed.fsdp import (
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
     FullyShardedDataParallel,
-    ShardedOptimStateDictConfig,
-    ShardedStateDictConfig,
-    StateDictType,
 )
 
 import reference_impl as ri
@@ -30,26 +24,10 @@ from conformance._compare import (
     assert_state_dict_equal,
     assert_trees_identical,
 )
+from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
-
-FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
-
-
-def _settings(kind: str) -> tuple[Any, Any, Any]:
-    """FSDP1's state-dict type and configs, made afresh: FSDP1 writes into the configs it gets."""
-    if kind == "sharded":
-        return (
-            StateDictType.SHARDED_STATE_DICT,
-            ShardedStateDictConfig(),
-            ShardedOptimStateDictConfig(offload_to_cpu=False),
-        )
-    optim_config = FullOptimStateDictConfig(
-        offload_to_cpu=kind == "full_offloaded", rank0_only=kind == "full_rank0_only"
-    )
-    return StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
-
 
 ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
     "full": {},
@@ -75,10 +53,8 @@ def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
     model, optimizer = _trained(world, name, recipe)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
-            theirs = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+    save = FullyShardedDataParallel.optim_state_dict
+    theirs = under_optim_settings(model, config, lambda: save(model, optimizer))
     ours = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
     assert_trees_identical(theirs, ours)
 
@@ -92,10 +68,8 @@ def test_no_two_state_tensors_share_memory(world, name, config):
     Each cell runs at its smallest world size."""
     OPTIMIZERS["adam"].skip_unless_covered(PARALLELISMS[name], world.size)
     model, optimizer = _trained(world, name, "adam")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
-            theirs = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+    save = FullyShardedDataParallel.optim_state_dict
+    theirs = under_optim_settings(model, config, lambda: save(model, optimizer))
     assert_no_state_tensors_overlap(theirs.get("state", {}))  # rank0_only: {} on other ranks
 
 
@@ -114,13 +88,6 @@ def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in truth.param_groups]
 
 
-def _names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Each parameter's state in name order, as the oracle gives it: FSDP1 orders a flat
-    parameter's state by iterating a set, so its order is not part of the contract."""
-    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
-    return {**optim_state_dict, "state": state}
-
-
 @pytest.mark.world(2, 4)
 @pytest.mark.parametrize("config", ["full", "sharded"])
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
@@ -133,15 +100,13 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
     """
     model, optimizer = _trained(world, name, recipe)
     saved = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, *_settings(config)):
-            theirs = FullyShardedDataParallel.optim_state_dict_to_load(
-                model, optimizer, copy.deepcopy(saved)
-            )
+    to_load = FullyShardedDataParallel.optim_state_dict_to_load
+    theirs = under_optim_settings(
+        model, config, lambda: to_load(model, optimizer, copy.deepcopy(saved))
+    )
     fresh, _ = OPTIMIZERS[recipe].build(model)
     ours = ri.fsdp_optim_state_dict_to_load(model, fresh, copy.deepcopy(saved))
-    assert_trees_identical(_names_sorted(theirs), ours)
+    assert_trees_identical(state_names_sorted(theirs), ours)
     fresh.load_state_dict(ours)
     assert_trees_identical(ri.fsdp_optim_state_dict(model, fresh, **ORACLE_OPTIONS[config]), saved)
 

@@ -12,21 +12,13 @@ step, and must then hold exactly what a single process holds after three.
 from __future__ import annotations
 
 import copy
-import warnings
-from typing import Any
 
 import pytest
-from torch.distributed.fsdp import (
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
-    FullyShardedDataParallel,
-    ShardedOptimStateDictConfig,
-    ShardedStateDictConfig,
-    StateDictType,
-)
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._fsdp1 import optim_settings, state_names_sorted, under_optim_settings
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
@@ -44,35 +36,10 @@ PAIRS = [
     ("fsdp1_hybrid_shard_orig", "fsdp1_full_shard_flat_nested"),
 ]
 
-SETTINGS = {
-    "full": (StateDictType.FULL_STATE_DICT, FullStateDictConfig, FullOptimStateDictConfig),
-    "sharded": (
-        StateDictType.SHARDED_STATE_DICT,
-        ShardedStateDictConfig,
-        ShardedOptimStateDictConfig,
-    ),
-}
-
-
-def _torch_conversion(model: Any, optimizer: Any, saved: dict[str, Any], kind: str) -> Any:
-    state_dict_type, model_config, optim_config = SETTINGS[kind]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(
-            model, state_dict_type, model_config(), optim_config()
-        ):
-            return FullyShardedDataParallel.optim_state_dict_to_load(model, optimizer, saved)
-
-
-def _names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Each parameter's state in name order (FSDP1 iterates a set; the order is no contract)."""
-    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
-    return {**optim_state_dict, "state": state}
-
 
 @pytest.mark.world(2, 4)
 @pytest.mark.parametrize("ranks", ["same_ranks", "half_the_ranks"])
-@pytest.mark.parametrize("kind", sorted(SETTINGS))
+@pytest.mark.parametrize("kind", ["full", "sharded"])
 @pytest.mark.parametrize(("saved_by", "loaded_by"), PAIRS, ids=[f"{s}-to-{t}" for s, t in PAIRS])
 def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kind, ranks):
     PARALLELISMS[saved_by].skip_unless_supported(world.size)
@@ -83,7 +50,7 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
     model = PARALLELISMS[saved_by].wrap(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
-    model_type = SETTINGS[kind][0]
+    model_type = optim_settings(kind)[0]
     saved_model = ri.fsdp_state_dict(model, model_type)
     saved_optim = ri.fsdp_optim_state_dict(model, optimizer, shard_state=kind == "sharded")
     loaders = SubWorld(world, world.size // 2 if ranks == "half_the_ranks" else world.size)
@@ -92,9 +59,12 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
         target = PARALLELISMS[loaded_by].wrap(seeded_mlp(), loaders)
         ri.fsdp_load_state_dict(target, copy.deepcopy(saved_model), model_type, group=group)
         target_optimizer, _ = OPTIMIZERS["adam"].build(target)
-        theirs = _torch_conversion(target, target_optimizer, copy.deepcopy(saved_optim), kind)
+        to_load = FullyShardedDataParallel.optim_state_dict_to_load
+        theirs = under_optim_settings(
+            target, kind, lambda: to_load(target, target_optimizer, copy.deepcopy(saved_optim))
+        )
         ours = ri.fsdp_optim_state_dict_to_load(target, target_optimizer, saved_optim)
-        assert_trees_identical(_names_sorted(theirs), ours)
+        assert_trees_identical(state_names_sorted(theirs), ours)
         target_optimizer.load_state_dict(ours)
         train(target, target_optimizer, 1, start=STEPS)
         truth = ground_truth(STEPS + 1, OPTIMIZERS["adam"])

@@ -1,0 +1,54 @@
+"""What the FSDP1 tests share: the cells, the optimizer state-dict settings, name order."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.fsdp import (
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    FullyShardedDataParallel,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictType,
+)
+
+from conformance._parallelisms import PARALLELISMS
+
+FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
+
+OPTIM_KINDS = ("full", "full_offloaded", "full_rank0_only", "sharded")
+
+
+def optim_settings(kind: str) -> tuple[StateDictType, Any, Any]:
+    """FSDP1's state-dict type and configs for one of ``OPTIM_KINDS``, made afresh: FSDP1
+    writes into the configs it gets. Only ``full_offloaded`` offloads."""
+    if kind == "sharded":
+        return (
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(),
+            ShardedOptimStateDictConfig(offload_to_cpu=False),
+        )
+    if kind not in OPTIM_KINDS:
+        raise ValueError(f"unknown FSDP1 optimizer state-dict kind {kind!r}")
+    optim_config = FullOptimStateDictConfig(
+        offload_to_cpu=kind == "full_offloaded", rank0_only=kind == "full_rank0_only"
+    )
+    return StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
+
+
+def under_optim_settings(model: Any, kind: str, call: Callable[[], Any]) -> Any:
+    """``call()`` inside ``FSDP.state_dict_type(model, *optim_settings(kind))``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD and the configs warn
+        with FullyShardedDataParallel.state_dict_type(model, *optim_settings(kind)):
+            return call()
+
+
+def state_names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Each parameter's state in name order. FSDP1 orders a flat parameter's by iterating a
+    set and NO_SHARD's as the optimizer holds it: the order is not part of the contract."""
+    state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
+    return {**optim_state_dict, "state": state}
