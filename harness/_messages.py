@@ -77,6 +77,7 @@ class RankResult:
     status: RankStatus
     longrepr: str = ""
     pg_count: int = 0
+    headline: str = ""  # the exception in a few lines, for reports; longrepr has the rest
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,26 @@ each rank and what happened to it.
 from __future__ import annotations
 
 import signal
+import traceback
 from dataclasses import dataclass, field
 
 from harness import _messages as msg
 from harness._spec import WorldSpec
 
 _SEVERITY = (msg.CRASHED, msg.HUNG, msg.FAILED)
+
+HEADLINE_MAX_LINES = 8
+HEADLINE_MAX_CHARS = 1000
+
+
+def describe_exception(exc: BaseException) -> str:
+    """The exception's type and message, cut to a size a report can show beside hundreds of
+    others: its first lines name the key and the values."""
+    lines = "".join(traceback.format_exception_only(exc)).strip().splitlines()
+    text = "\n".join(lines[:HEADLINE_MAX_LINES])
+    if len(lines) > HEADLINE_MAX_LINES or len(text) > HEADLINE_MAX_CHARS:
+        text = text[:HEADLINE_MAX_CHARS] + " ..."
+    return text
 
 
 def describe_exit(returncode: int) -> str:
@@ -62,6 +76,32 @@ class WorldOutcome:
         """The agreed skip or xfail reason (one line per distinct reason)."""
         reasons = dict.fromkeys(self.results[r].longrepr for r in self.ranks)
         return "\n".join(reasons)
+
+    @property
+    def failing_ranks(self) -> list[int]:
+        """The ranks that failed, crashed, hung or sent no result; when ranks merely disagree
+        on skip, xfail or pass, every rank that did not pass."""
+        severe = [
+            rank
+            for rank in range(self.spec.size)
+            if rank not in self.results or self.results[rank].status in _SEVERITY
+        ]
+        if severe or self.verdict != msg.FAILED:
+            return severe
+        return [rank for rank in self.ranks if self.results[rank].status != msg.PASSED]
+
+    @property
+    def first_failure(self) -> str:
+        """The lowest failing rank and its exception in a few lines: a report's one cell."""
+        ranks = self.failing_ranks
+        if not ranks:
+            return ""
+        rank = ranks[0]
+        result = self.results.get(rank)
+        if result is None:
+            return f"rank {rank}: no result"
+        text = result.headline or (result.longrepr.strip().splitlines() or [""])[0]
+        return f"rank {rank} {result.status}: {text}"
 
     def failure_report(self) -> str:
         """The failure text: a summary line, then each non-passing rank's report."""

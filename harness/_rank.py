@@ -23,6 +23,7 @@ from harness import _messages as msg
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
+from harness._outcome import describe_exception
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
@@ -133,16 +134,15 @@ class RankLoop:
                 )
                 test = _rank_pytest.resolve_test(module, call.qualname)
                 test(world=world, **pickle.loads(call.params))
-                status, text = msg.PASSED, ""
+                status, text, headline = msg.PASSED, "", ""
             except pytest.skip.Exception as exc:
-                status, text = msg.SKIPPED, str(exc.msg)
+                status, text, headline = msg.SKIPPED, str(exc.msg), ""
             except pytest.xfail.Exception as exc:
-                status, text = msg.XFAILED, str(exc.msg)
+                status, text, headline = msg.XFAILED, str(exc.msg), ""
             except BaseException as exc:
-                status, text = (
-                    msg.FAILED,
-                    _rank_pytest.format_failure(exc, call.module_path, self.config),
-                )
+                status = msg.FAILED
+                text = _rank_pytest.format_failure(exc, call.module_path, self.config)
+                headline = describe_exception(exc)
             finally:
                 torch.set_default_dtype(default_dtype)
         return msg.RankResult(
@@ -150,6 +150,7 @@ class RankLoop:
             status=status,
             longrepr=text,
             pg_count=_reset_between_tests(),
+            headline=headline,
         )
 
 

@@ -22,13 +22,16 @@ import pytest
 from harness import _env
 from harness import _messages as msg
 from harness._options import WorldOptions, add_options
-from harness._outcome import WorldOutcome
+from harness._outcome import WorldOutcome, describe_exception
 from harness._pool import WorldPool
 from harness._spec import WorldSpec
 from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
 from harness._world import TestRequest, WorldSettings, WorldStartError
 
 MARKER = "world"
+# Names of the user properties (junit XML <property> elements) a failed world test carries.
+FAILING_RANKS = "failing_ranks"  # e.g. "1,3"
+FIRST_FAILURE = "first_failure"  # the lowest failing rank and its exception in a few lines
 # Under torchrun, how long past a test's deadline ranks wait for each other's results.
 HANG_REPORT_GRACE_S = 30.0
 
@@ -227,7 +230,13 @@ def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
     if verdict == msg.XFAILED:
         pytest.xfail(outcome.reason)
     if verdict != msg.PASSED:
+        item.user_properties.extend(_failure_properties(outcome))
         pytest.fail(outcome.failure_report(), pytrace=False)
+
+
+def _failure_properties(outcome: WorldOutcome) -> list[tuple[str, str]]:
+    ranks = ",".join(map(str, outcome.failing_ranks))
+    return [(FAILING_RANKS, ranks), (FIRST_FAILURE, outcome.first_failure)]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -295,19 +304,22 @@ def pytest_runtest_makereport(
     state = item.config.stash.get(_SESSION, None)
     if state is None or state.torchrun is None or call.when != "call" or _item_size(item) is None:
         return report
-    local = _local_result(state.torchrun.rank, report)
+    local = _local_result(state.torchrun.rank, report, call)
     # Wait past the deadline, so that a hung rank's watchdog can publish its stacks.
     wait_s = _deadline(item, state.options) + HANG_REPORT_GRACE_S
     outcome = state.torchrun.agree(local, timeout_s=wait_s)
     verdict = outcome.verdict
     if verdict == msg.FAILED:
         report.outcome, report.longrepr = "failed", outcome.failure_report()
+        report.user_properties.extend(_failure_properties(outcome))
     elif verdict == msg.SKIPPED and report.outcome != "skipped":
         report.outcome, report.longrepr = "skipped", (str(item.path), 0, outcome.reason)
     return report
 
 
-def _local_result(rank: int, report: pytest.TestReport) -> msg.RankResult:
+def _local_result(
+    rank: int, report: pytest.TestReport, call: pytest.CallInfo[None]
+) -> msg.RankResult:
     if hasattr(report, "wasxfail"):
         return msg.RankResult(rank=rank, status=msg.XFAILED, longrepr=report.wasxfail)
     if report.skipped:
@@ -318,4 +330,5 @@ def _local_result(rank: int, report: pytest.TestReport) -> msg.RankResult:
     text = str(report.longrepr or "")
     for name, content in report.sections:
         text += f"\n{'-' * 10} {name} {'-' * 10}\n{content}"
-    return msg.RankResult(rank=rank, status=msg.FAILED, longrepr=text)
+    summary = describe_exception(call.excinfo.value) if call.excinfo else ""
+    return msg.RankResult(rank=rank, status=msg.FAILED, longrepr=text, headline=summary)

@@ -6,7 +6,7 @@ import pytest
 
 from harness import WorldOutcome, WorldSpec
 from harness._messages import RankResult
-from harness._outcome import describe_exit
+from harness._outcome import describe_exception, describe_exit
 
 SPEC = WorldSpec("gloo", 3)
 
@@ -90,3 +90,38 @@ def test_world_reuse_needs_clean_agreeing_ranks(
 )
 def test_describe_exit(status: int, text: str) -> None:
     assert describe_exit(status) == text
+
+
+@pytest.mark.parametrize(
+    ("statuses", "failing"),
+    [
+        (("passed", "passed", "passed"), []),
+        (("passed", "failed", "crashed"), [1, 2]),
+        (("hung", "passed", "passed"), [0]),
+        (("passed", "passed"), [2]),  # a rank reported nothing at all
+        (("skipped", "passed", "passed"), [0]),  # disagreement: the ranks that did not pass
+    ],
+)
+def test_failing_ranks(statuses: tuple[str, ...], failing: list[int]) -> None:
+    assert outcome(*statuses).failing_ranks == failing
+
+
+def test_first_failure_is_the_lowest_failing_ranks_headline() -> None:
+    results = {
+        0: RankResult(rank=0, status="passed"),
+        1: RankResult(rank=1, status="failed", longrepr="long", headline="AssertionError: k: 1"),
+        2: RankResult(rank=2, status="crashed", longrepr="rank 2 killed by SIGKILL\nmore"),
+    }
+    world = WorldOutcome(spec=SPEC, results=results)
+    assert world.first_failure == "rank 1 failed: AssertionError: k: 1"
+    del results[1]
+    assert world.first_failure == "rank 1: no result"
+    results[1] = RankResult(rank=1, status="passed")
+    assert world.first_failure == "rank 2 crashed: rank 2 killed by SIGKILL"
+
+
+def test_describe_exception_keeps_the_first_lines() -> None:
+    message = "\n".join(f"line {i}" for i in range(20))
+    text = describe_exception(AssertionError(message))
+    assert text.startswith("AssertionError: line 0\nline 1")
+    assert text.endswith("line 7 ...")
