@@ -19,9 +19,8 @@ from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._models import seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, Parallelism
-from conformance._upstream import upstream
+from conformance._upstream import DSD, upstream
 
-DSD = "torch.distributed.checkpoint.state_dict"
 OPTION_SETS: dict[str, dict[str, bool]] = {
     "sharded": {},
     "offload": {"cpu_offload": True},

@@ -21,7 +21,9 @@ def test_entries_parse_and_match_node_ids(tmp_path: Path) -> None:
     assert entry.source == f"{path}:3"
 
 
-@pytest.mark.parametrize("line", ["only a pattern", "p | reason", "p |  | link"])
+@pytest.mark.parametrize(
+    "line", ["only a pattern", "p | reason", "p |  | link", "hang | p | reason | link"]
+)
 def test_malformed_entries_name_their_line(tmp_path: Path, line: str) -> None:
     path = tmp_path / "m.txt"
     path.write_text(line + "\n")
@@ -48,3 +50,36 @@ def test_unused_entries_are_reported(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*manifest entries that match no test*", "*m.txt:2: test_a.py::gone"]
     )
+
+
+def test_skip_entries_skip_without_running(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
+    pytester.makepyfile(test_a="def test_hangs():\n    raise SystemExit('ran')\n")
+    manifest = pytester.path / "m.txt"
+    manifest.write_text("skip | test_a.py::test_hangs | hangs rank 0 | https://example.org/h\n")
+    result = pytester.runpytest("--manifest", str(manifest), "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*manifest: hangs rank 0 (https://example.org/h)*"])
+
+
+def test_a_run_of_chosen_ids_does_not_call_entries_stale(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
+    pytester.makepyfile(test_a="def test_a():\n    pass\n\ndef test_b():\n    assert False\n")
+    manifest = pytester.path / "m.txt"
+    manifest.write_text("test_a.py::test_b | known | https://example.org\n")
+    result = pytester.runpytest("--manifest", str(manifest), "test_a.py::test_a")
+    result.assert_outcomes(passed=1)
+    assert "match no test" not in result.stdout.str()
+
+
+def test_entries_of_modules_outside_the_run_are_not_judged(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
+    pytester.makepyfile(test_a="def test_a():\n    pass\n", test_b="def test_b():\n    pass\n")
+    manifest = pytester.path / "m.txt"
+    manifest.write_text(
+        "test_b.py::test_b | not run here | https://example.org\n"
+        "test_gone.py::test_c | module deleted | https://example.org\n"
+    )
+    result = pytester.runpytest("--manifest", str(manifest), "test_a.py")
+    result.stdout.fnmatch_lines(["*m.txt:2: test_gone.py::test_c"])
+    assert "m.txt:1" not in result.stdout.str()

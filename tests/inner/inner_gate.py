@@ -1,0 +1,32 @@
+"""A small suite for the gate's own tests: one test id of each outcome a report shows."""
+
+import pytest
+import torch
+
+from conformance._compare import assert_state_dict_equal
+
+
+@pytest.mark.world(1, 2)
+def test_agreeing_state_dicts(world):
+    assert_state_dict_equal({"fc1.weight": torch.ones(2)}, {"fc1.weight": torch.ones(2)})
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("cell", ["ddp", "fsdp2"])
+def test_rank_one_differs(world, cell):
+    value = torch.tensor([1.0, 2.0 + world.rank])
+    assert_state_dict_equal({"fc1.weight": value}, {"fc1.weight": torch.tensor([1.0, 2.0])})
+
+
+@pytest.mark.world(2)
+def test_cell_missing_at_this_size(world):
+    pytest.skip("this cell runs at world sizes (4,)")
+
+
+@pytest.mark.world(2)
+def test_known_divergence(world):
+    assert world.rank == 5
+
+
+def test_plain_failure():
+    assert {"a": 1} == {"a": 2}

@@ -1,0 +1,216 @@
+"""The gate entry point end to end: a small suite run through ``python -m ci.gate``, and
+the results file, junit XML, reports and rerun commands it leaves."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ci._gate_results import GateResults, TestResult
+from ci._target import SUITE_ROOT
+from tests._inner import INNER_DIR
+
+# Set by CI, where a missing browser must fail the render test rather than skip it.
+REQUIRE_CHROMIUM = "GATE_REQUIRE_CHROMIUM"
+# Without these, headless Chromium keeps trying to reach Google's hosts.
+CHROMIUM_QUIET = (
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+KNOWN = "inner_gate.py::test_known_divergence[[]w2[]] | rank 0 is never 5 | https://example.org/k"
+STALE = "inner_gate.py::test_gone | removed long ago | https://example.org/gone"
+
+
+@dataclass(frozen=True)
+class GateRun:
+    returncode: int
+    output: str
+    out: Path
+    results: GateResults
+
+    def test(self, name: str) -> TestResult:
+        (found,) = [t for t in self.results.tests if t.nodeid == f"inner_gate.py::{name}"]
+        return found
+
+
+def run_gate(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "ci.gate", *args]
+    return subprocess.run(
+        command, cwd=SUITE_ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    work = tmp_path_factory.mktemp("gate")
+    suite = work / "suite"
+    suite.mkdir()
+    (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
+    # The suite's manifest plugin, as conformance/ has it.
+    (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
+    manifest = work / "fork-manifest.txt"
+    manifest.write_text(f"# a fork's own manifest\n{KNOWN}\n{STALE}\n")
+    out = work / "report"
+    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest)]
+    completed = run_gate(*args, "--", str(suite / "inner_gate.py"), "-p", "no:cacheprovider")
+    output = completed.stdout + completed.stderr
+    assert (out / "results.json").exists(), output
+    return GateRun(completed.returncode, output, out, GateResults.load(out / "results.json"))
+
+
+def test_the_gate_fails_with_pytests_status(gate: GateRun) -> None:
+    assert gate.returncode == 1, gate.output
+    assert gate.results.exit_status == 1
+
+
+def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
+    outcomes = {t.nodeid.split("::")[1]: t.outcome for t in gate.results.tests}
+    assert outcomes == {
+        "test_agreeing_state_dicts[w1]": "passed",
+        "test_agreeing_state_dicts[w2]": "passed",
+        "test_rank_one_differs[w2-ddp]": "failed",
+        "test_rank_one_differs[w2-fsdp2]": "failed",
+        "test_cell_missing_at_this_size[w2]": "skipped",
+        "test_known_divergence[w2]": "xfailed",
+        "test_plain_failure": "failed",
+    }
+
+
+def test_a_world_failure_names_the_rank_the_key_and_the_values(gate: GateRun) -> None:
+    test = gate.test("test_rank_one_differs[w2-ddp]")
+    assert test.failing_ranks == (1,)
+    assert test.first_failure == (
+        "rank 1 failed: AssertionError: fc1.weight: 1 of 2 values differ (max abs diff 1, "
+        "atol=0.0, rtol=0.0); first at index (1,): got 3.0, expected 2.0"
+    )
+    assert (test.world_size, test.parallelism, test.check) == (2, "ddp", "inner_gate")
+    assert gate.test("test_rank_one_differs[w2-fsdp2]").parallelism == "fsdp2"
+
+
+def test_a_controller_failure_has_no_ranks(gate: GateRun) -> None:
+    test = gate.test("test_plain_failure")
+    assert test.failing_ranks == ()
+    assert test.world_size is None
+    assert "assert {'a': 1} == {'a': 2}" in test.first_failure
+
+
+def test_skip_and_manifest_reasons_are_kept(gate: GateRun) -> None:
+    assert gate.test("test_cell_missing_at_this_size[w2]").reason == (
+        "this cell runs at world sizes (4,)"
+    )
+    assert gate.test("test_known_divergence[w2]").reason == (
+        "rank 0 is never 5 (https://example.org/k)"
+    )
+
+
+def test_the_execution_target_is_recorded(gate: GateRun) -> None:
+    import torch
+
+    target = gate.results.target
+    assert target.torch_version == torch.__version__
+    assert target.torch_git_hash == torch.version.git_version
+    assert (target.backend, target.world_sizes) == ("gloo", (1, 2))
+    assert target.suite_commit != ""
+
+
+def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> None:
+    assert [Path(p).name for p in gate.results.manifests] == ["fork-manifest.txt"]
+    (unused,) = gate.results.unused_entries
+    assert unused.pattern == "inner_gate.py::test_gone"
+    assert unused.source.endswith("fork-manifest.txt:3")
+
+
+def test_the_rerun_command_reruns_the_failure_alone(gate: GateRun) -> None:
+    rerun = shlex.split(gate.test("test_rank_one_differs[w2-ddp]").rerun)
+    assert rerun[:3] == ["python", "-m", "pytest"]
+    completed = subprocess.run(
+        [sys.executable, *rerun[1:]],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 1, completed.stdout
+    assert "1 failed in" in completed.stdout
+    assert "fc1.weight: 1 of 2 values differ" in completed.stdout
+
+
+def test_junit_xml_carries_the_failing_ranks(gate: GateRun) -> None:
+    root = ET.parse(gate.out / "junit.xml").getroot()
+    (case,) = [c for c in root.iter("testcase") if c.get("name") == "test_rank_one_differs[w2-ddp]"]
+    properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert properties["failing_ranks"] == "1"
+    assert properties["first_failure"].startswith("rank 1 failed: AssertionError: fc1.weight")
+
+
+def test_the_terminal_shows_progress_and_a_summary_table(gate: GateRun) -> None:
+    assert "[gate] 3/7 tests done, 1 failed, world gloo w2" in gate.output
+    assert "gate summary" in gate.output
+    (total,) = [line for line in gate.output.splitlines() if line.startswith("total ")]
+    assert total.split() == ["total", "2", "3", "0", "0", "1", "1"]
+
+
+def test_the_markdown_report(gate: GateRun) -> None:
+    report = (gate.out / "report.md").read_text()
+    assert report.startswith("# State-dict conformance gate: FAILED (3 failing test ids)")
+    assert "| ddp | ✘1 |" in report
+    assert "| other | ✘1 ✔2 xf1 s1 |" in report
+    assert "### `inner_gate.py::test_rank_one_differs[w2-ddp]`" in report
+    assert "- outcome: failed; ranks: 1" in report
+    assert "first at index (1,): got 3.0, expected 2.0" in report
+    assert "| 1 | rank 0 is never 5 (https://example.org/k) |" in report
+    assert "- matches no test: `" in report
+    assert f"| torch | {gate.results.target.torch_version} (git " in report
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get(REQUIRE_CHROMIUM):
+            pytest.fail(f"{REQUIRE_CHROMIUM} is set and no chromium is on PATH")
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    return found
+
+
+def _headless(chromium: str, profile: Path, *args: str) -> str:
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", *CHROMIUM_QUIET]
+    completed = subprocess.run(
+        [*command, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return completed.stdout
+
+
+def test_the_html_report_renders_in_headless_chromium(gate: GateRun, tmp_path: Path) -> None:
+    from PIL import Image
+
+    chromium = _chromium()
+    page = (gate.out / "report.html").as_uri()
+    dom = _headless(chromium, tmp_path / "profile", "--dump-dom", page)
+    assert 'id="matrix"' in dom
+    assert "inner_gate.py::test_rank_one_differs[w2-ddp]" in dom
+    assert "assert {'a': 1} == {'a': 2}" in dom
+    source = (gate.out / "report.html").read_text()
+    assert "assert {&#x27;a&#x27;: 1} == {&#x27;a&#x27;: 2}" in source  # escaped, not markup
+    shot = gate.out / "report.png"
+    _headless(
+        chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900", page
+    )
+    colours = {rgb for _, rgb in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
+    assert (0xCF, 0x22, 0x2E) in colours  # the title, in the failed run's red
+    assert (0xFF, 0xD7, 0xD5) in colours  # matrix cells with failures
