@@ -201,6 +201,7 @@ class GateRecorder:
         done = len(self.records)
         failed = sum(1 for record in self.records.values() if record.outcome in ("failed", "error"))
         world = f"{self.config.getoption('backend')} w{size}" if size else "controller"
+        reporter.write("\n")  # pytest's progress dots may be mid-line
         reporter.write_line(
             f"[gate] {done}/{len(self.sizes)} tests done, {failed} failed, "
             f"world {world}, {now - self.started:.0f} s"

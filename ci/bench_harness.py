@@ -13,7 +13,7 @@ an empty one (pure overhead) and an all_reduce (a trivial SPMD test).
 Sessions alternate between kinds and repeat; the median over repeats is
 reported.
 
-    python ci/bench_harness.py [--sizes 2,4] [--repeats 3]
+    python -m ci.bench_harness [--sizes 2,4] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ times. Each timing is barrier, time, then the maximum over ranks. The
 median of each is printed with the ratio oracle / torch, and the copy
 throughput of both against one plain ``Tensor.copy_`` of the same bytes.
 
-    python ci/bench_state_dict_utils.py [--sizes-mib 64,512] [--world-sizes 1,2] [--repeats 7]
+    python -m ci.bench_state_dict_utils [--sizes-mib 64,512] [--world-sizes 1,2] [--repeats 7]
 
 On a CPU machine ``offload`` moves nothing (tensors are already on the CPU):
 it times the traversal alone.
@@ -20,10 +20,10 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ci._world_timing import time_max_over_ranks
 
 MIB = 1 << 20
 SMALL_TENSOR_BYTES = 64 * 1024
@@ -46,19 +46,6 @@ def _state_dict(total_bytes: int, layout: str, world: Any, sharded: bool) -> dic
             distribute_tensor(tensor, mesh, [Shard(0)]) if mesh is not None else tensor
         )
     return state
-
-
-def _timed(world: Any, action: Callable[[], object]) -> float:
-    """Barrier, run, and the slowest rank's seconds."""
-    import torch
-    import torch.distributed as dist
-
-    world.barrier()
-    start = time.perf_counter()
-    action()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
 
 
 def bench_body(world: Any, case: str, size_mib: int, layout: str, repeats: int) -> None:
@@ -91,10 +78,10 @@ def bench_body(world: Any, case: str, size_mib: int, layout: str, repeats: int) 
         }
     timings: dict[str, list[float]] = {name: [] for name in pairs}
     for action in pairs.values():  # warm-up: page faults, caches
-        _timed(world, action)
+        time_max_over_ranks(world, action)
     for _ in range(repeats):
         for name, action in pairs.items():
-            timings[name].append(_timed(world, action))
+            timings[name].append(time_max_over_ranks(world, action))
     if world.rank == 0:
         (world.tmp_path / "timings.json").write_text(json.dumps(timings))
 

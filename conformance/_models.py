@@ -14,14 +14,15 @@ SEED = 1234
 class MLPWithBuffers(nn.Module):
     """Two linear layers, a persistent buffer and a non-persistent one.
 
-    Sizes (7 → 10 → 5) do not divide by 2 or 4, so every sharding is uneven.
+    Sizes (7 → 10 → 5) do not divide by 2 or 4, so every sharding is uneven;
+    benchmarks scale the hidden width.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 10) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(7, 10)
-        self.fc2 = nn.Linear(10, 5)
-        self.register_buffer("running_scale", torch.linspace(0.5, 1.5, 10))
+        self.fc1 = nn.Linear(7, hidden)
+        self.fc2 = nn.Linear(hidden, 5)
+        self.register_buffer("running_scale", torch.linspace(0.5, 1.5, hidden))
         self.register_buffer("scratch", torch.zeros(3), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

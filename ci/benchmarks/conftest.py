@@ -1,0 +1,62 @@
+"""The benchmarks' world and options: one persistent world times every case."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ci._bench_cases import DEFAULT_SIZES_MIB, cases
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("state-dict benchmarks")
+    group.addoption("--bench-world-size", type=int, default=2, help="ranks (default 2)")
+    group.addoption("--bench-rounds", type=int, default=10, help="timed rounds per case")
+    group.addoption(
+        "--bench-sizes-mib",
+        default=",".join(map(str, DEFAULT_SIZES_MIB)),
+        help="state sizes, comma-separated (default %(default)s)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    json_path = config.getoption("benchmark_json", None)
+    if json_path is not None:  # pytest-benchmark writes it without making its folder
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        sizes = tuple(int(s) for s in metafunc.config.getoption("bench_sizes_mib").split(","))
+        found = cases(sizes)
+        metafunc.parametrize("case", found, ids=[case.name for case in found])
+
+
+@pytest.fixture(scope="session")
+def bench_world(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from harness import World, WorldSettings, WorldSpec
+
+    config = request.config
+    settings = WorldSettings(
+        sys_path=list(sys.path), rootdir=str(config.rootpath), inifile=None, pg_timeout_s=600
+    )
+    spec = WorldSpec(config.getoption("backend"), config.getoption("bench_world_size"))
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    world = World(spec, settings)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+@pytest.fixture(scope="session")
+def bench_workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="state-dict-bench-") as path:
+        yield Path(path)

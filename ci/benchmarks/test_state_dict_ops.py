@@ -1,0 +1,78 @@
+"""Benchmarks of the torch build's state-dict operations, timed inside a world.
+
+Each case runs on every rank: one warm-up round, then ``--bench-rounds`` rounds of
+barrier, time, maximum over ranks. pytest-benchmark records the ranks' timings through
+a replay clock, so ``--benchmark-json`` holds them with its usual statistics.
+
+    python -m pytest ci/benchmarks --benchmark-json=bench.json [--bench-sizes-mib 4,32]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ci._bench_cases import BenchCase
+from ci._replay_clock import CLOCK
+
+TIMINGS_FILE = "timings.json"
+
+
+def measure(world: Any, case: BenchCase, rounds: int, workdir: str) -> None:
+    """Runs on every rank: time ``case``; rank 0 writes the slowest rank's seconds."""
+    from ci._bench_ops import prepare
+    from ci._world_timing import time_max_over_ranks
+
+    operation = prepare(case, world, Path(workdir))
+    time_max_over_ranks(world, operation)  # warm-up: allocations, caches, lazy init
+    timings = [time_max_over_ranks(world, operation) for _ in range(rounds)]
+    if world.rank == 0:
+        (world.tmp_path / TIMINGS_FILE).write_text(json.dumps(timings))
+
+
+def _measure_in(world: Any, case: BenchCase, rounds: int, workdir: Path, tmp: Path) -> list[float]:
+    from harness import TestRequest
+
+    request = TestRequest(
+        module_name="state_dict_ops_bench_bodies",
+        module_path=__file__,
+        qualname="measure",
+        params={"case": case, "rounds": rounds, "workdir": str(workdir)},
+        tmp_path=str(tmp),
+        timeout_s=1800,
+    )
+    outcome = world.run(request)
+    if outcome.verdict == "skipped":
+        pytest.skip(outcome.reason)
+    if outcome.verdict != "passed":
+        pytest.fail(outcome.failure_report(), pytrace=False)
+    timings: list[float] = json.loads((tmp / TIMINGS_FILE).read_text())
+    return timings
+
+
+@pytest.mark.benchmark(timer=CLOCK.now, group="state-dict")
+def test_state_dict_op(
+    benchmark: Any,
+    bench_world: Any,
+    bench_workdir: Path,
+    case: BenchCase,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    rounds = request.config.getoption("bench_rounds")
+    timings = _measure_in(bench_world, case, rounds, bench_workdir, tmp_path)
+    import torch
+
+    benchmark.extra_info.update(
+        torch=torch.__version__,
+        torch_git_hash=torch.version.git_version,
+        op=case.op,
+        size_mib=case.size_mib,
+        parallelism=case.parallelism,
+        world_size=bench_world.spec.size,
+        backend=bench_world.spec.backend,
+    )
+    benchmark.pedantic(CLOCK.replay_round, rounds=CLOCK.load(timings), iterations=1)

@@ -1,0 +1,111 @@
+"""The benchmark comparison: its statistics, the replay clock, cases, and a real A/B run
+that must flag an injected slowdown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ci._bench_cases import BenchCase, cases
+from ci._bench_stats import IMPROVEMENT, REGRESSION, UNCHANGED, compare, ratio_interval
+from ci._replay_clock import ReplayClock
+from ci._target import SUITE_ROOT
+
+
+def _noisy(median: float, n: int, seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(median * (1 + 0.02 * rng.standard_normal(n)))
+
+
+def test_the_interval_brackets_the_true_ratio() -> None:
+    ratio, low, high = ratio_interval(_noisy(1.0, 40, 1), _noisy(1.10, 40, 2))
+    assert low < 1.10 < high
+    assert low < ratio < high
+    assert high - low < 0.05
+
+
+@pytest.mark.parametrize(
+    ("candidate_median", "verdict"),
+    [(1.10, REGRESSION), (1.0, UNCHANGED), (0.90, IMPROVEMENT), (1.04, UNCHANGED)],
+)
+def test_verdicts_follow_the_interval_and_the_threshold(
+    candidate_median: float, verdict: str
+) -> None:
+    result = compare("op", _noisy(1.0, 40, 1), _noisy(candidate_median, 40, 2), threshold=1.05)
+    assert result.verdict == verdict
+
+
+def test_the_interval_is_reproducible() -> None:
+    a, b = _noisy(1.0, 20, 3), _noisy(1.2, 20, 4)
+    assert ratio_interval(a, b) == ratio_interval(a, b)
+
+
+def test_bad_comparisons_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one timing"):
+        ratio_interval([], [1.0])
+    with pytest.raises(ValueError, match="threshold"):
+        compare("op", [1.0], [1.0], threshold=0.9)
+
+
+def test_the_replay_clock_advances_by_each_measured_round() -> None:
+    clock = ReplayClock()
+    assert clock.load([0.5, 0.25]) == 2
+    start = clock.now()
+    clock.replay_round()
+    middle = clock.now()
+    clock.replay_round()
+    assert (middle - start, clock.now() - middle) == (0.5, 0.25)
+    with pytest.raises(ValueError, match="non-negative"):
+        clock.load([-1.0])
+
+
+def test_a_clock_with_unreplayed_rounds_refuses_more() -> None:
+    clock = ReplayClock()
+    clock.load([1.0])
+    with pytest.raises(RuntimeError, match="never replayed"):
+        clock.load([1.0])
+
+
+def test_cases_are_validated_and_named() -> None:
+    assert BenchCase("get_state_dict", 4, "fsdp2").name == "get_state_dict-fsdp2-4MiB"
+    assert BenchCase("gather", 32).name == "gather-32MiB"
+    with pytest.raises(ValueError, match="parallelism is needed exactly"):
+        BenchCase("gather", 4, "ddp")
+    with pytest.raises(ValueError, match="unknown operation"):
+        BenchCase("gatherr", 4)
+    names = [case.name for case in cases((4,))]
+    assert len(names) == len(set(names)) == 6 + 4 * 4
+
+
+def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    completed = subprocess.run(
+        [
+            sys.executable, "-m", "ci.bench_compare", "--runs", "2", "--out", str(out),
+            "--candidate-env", "GATE_BENCH_SLOWDOWN=1.0", "--",
+            "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB",
+        ],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 1, output
+    assert "copy-2MiB" in output
+    assert "regression" in output
+    raw = json.loads((out / "raw" / "candidate-0.json").read_text())
+    (benchmark,) = raw["benchmarks"]
+    assert benchmark["extra_info"]["world_size"] == 2
+    assert benchmark["stats"]["rounds"] == 6
+    report = (out / "report.md").read_text()
+    assert "| copy-2MiB |" in report
+    assert "| REGRESSION |" in report
+    assert (out / "copy-2MiB.png").read_bytes().startswith(b"\x89PNG")
+    assert '<img src="copy-2MiB.png"' in (out / "report.html").read_text()
