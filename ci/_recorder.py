@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ci._gate_results import NO_PARALLELISM, GateResults, TestResult, UnusedEntry
-from ci._target import detect
+from ci._target import detect, suite_commit
 from harness.plugin import FAILING_RANKS, FIRST_FAILURE
 
 PROGRESS_EVERY_S = 60.0
@@ -104,6 +104,7 @@ class GateRecorder:
         self.path = path
         self.started = time.monotonic()
         self.last_progress = self.started
+        self.suite_commit = suite_commit()  # the tree under test, before anyone edits it
         self.records: dict[str, _Record] = {}
         self.sizes: dict[str, int | None] = {}
         self.current_size: int | None = None
@@ -143,7 +144,7 @@ class GateRecorder:
         sizes = tuple(sorted({s for s in self.sizes.values() if s is not None}))
         parallelisms = _known_parallelisms()
         return GateResults(
-            target=detect(backend, sizes),
+            target=detect(backend, sizes, self.suite_commit),
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
             manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],

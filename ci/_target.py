@@ -37,8 +37,9 @@ class ExecutionTarget:
         return cls(**{**data, "world_sizes": tuple(data["world_sizes"])})
 
 
-def detect(backend: str, world_sizes: tuple[int, ...]) -> ExecutionTarget:
-    """The target of a run of ``backend`` worlds of ``world_sizes`` in this process."""
+def detect(backend: str, world_sizes: tuple[int, ...], suite_commit: str) -> ExecutionTarget:
+    """The target of a run of ``backend`` worlds of ``world_sizes`` in this process, testing
+    the suite at ``suite_commit`` (taken when the run starts: see ``suite_commit()``)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -51,7 +52,7 @@ def detect(backend: str, world_sizes: tuple[int, ...]) -> ExecutionTarget:
         device=torch.cuda.get_device_name(0) if cuda else f"CPU: {_cpu_model()}",
         device_count=torch.cuda.device_count() if cuda else 0,
         world_sizes=world_sizes,
-        suite_commit=_suite_commit(),
+        suite_commit=suite_commit,
         python_version=platform.python_version(),
         host=platform.node(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -76,7 +77,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _suite_commit() -> str:
+def suite_commit() -> str:
     """The suite's git commit, with ``-dirty`` when its tree has changes; ``unknown`` outside
     a checkout."""
 
