@@ -88,8 +88,13 @@ def _model_op(
         return lambda: function(model, optimizer)
     model_state, optim_state = get_state_dict(model, optimizer)
     if case.op == "set_state_dict":
+        # Fresh outer dicts each round: torch 2.13 renames a DDP caller's keys in place
+        # (see test_set_state_dict_leaves_the_callers_dicts_unchanged).
         return lambda: function(
-            model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
+            model,
+            optimizer,
+            model_state_dict=dict(model_state),
+            optim_state_dict={**optim_state, "state": dict(optim_state["state"])},
         )
     state = {"model": model_state, "optim": optim_state}
     checkpoint = workdir / case.name

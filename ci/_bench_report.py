@@ -27,7 +27,8 @@ def plot(comparison: Comparison, path: Path) -> None:
     from matplotlib import pyplot
 
     figure, axes = pyplot.subplots(figsize=(6, 2.2))
-    for row, values in enumerate((comparison.baseline, comparison.candidate)):
+    for row, runs in enumerate((comparison.baseline, comparison.candidate)):
+        values = [value for run in runs for value in run]
         milliseconds = [value * 1000 for value in values]
         axes.scatter(milliseconds, [row] * len(values), alpha=0.5, s=14)
         median = sorted(milliseconds)[len(milliseconds) // 2]
@@ -71,9 +72,10 @@ def _title(comparisons: list[Comparison], builds: Builds) -> str:
 def _method(builds: Builds) -> str:
     return (
         f"baseline: {builds.baseline}; candidate: {builds.candidate}. {builds.runs} interleaved "
-        f"runs per build, every round pooled; ratio = candidate median / baseline median, "
-        f"interval = {CONFIDENCE:.0%} percentile bootstrap; a regression when the interval's "
-        f"lower bound exceeds {builds.threshold}."
+        f"runs per build after a warm-up; ratio = candidate median / baseline median over all "
+        f"rounds; interval = {CONFIDENCE:.0%} percentile bootstrap resampling runs, then rounds "
+        f"within them; a regression when the interval's lower bound exceeds "
+        f"{builds.threshold}."
     )
 
 

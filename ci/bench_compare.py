@@ -1,10 +1,11 @@
 """Compare two torch builds' state-dict benchmarks on one machine, runs interleaved.
 
     python -m ci.bench_compare --baseline-python A/bin/python --candidate-python B/bin/python \\
-        [--runs 3] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+        [--runs 6] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
 
-Each python is an environment with a torch build and this suite installed. The runs
-alternate A B B A A B ..., so drift in the machine's speed falls on both builds. Writes
+Each python is an environment with a torch build and this suite installed. After a
+warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
+falls on both builds. Writes
 ``raw/`` (pytest-benchmark JSON per run), a PNG per benchmark, ``report.md`` and
 ``report.html``; exits 1 when a benchmark's ratio interval lies above the threshold.
 """
@@ -47,7 +48,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 def run_benchmarks(build: Build, run: int, out: Path, pytest_args: list[str]) -> Path:
     """One pytest-benchmark run of ``ci/benchmarks`` under ``build``; its JSON's path."""
-    raw = out / "raw" / f"{build.label}-{run}.json"
+    name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
+    raw = out / "raw" / f"{name}.json"
     raw.parent.mkdir(parents=True, exist_ok=True)
     command = [build.python, "-m", "pytest", "ci/benchmarks", "-q", "-p", "no:cacheprovider"]
     command += [f"--benchmark-json={raw}", "--benchmark-save-data", *pytest_args]
@@ -73,19 +75,27 @@ def _timings(path: Path) -> tuple[dict[str, list[float]], str]:
 
 
 def interleaved(
-    baseline: Build, candidate: Build, runs: int, out: Path, pytest_args: list[str]
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
-    """Every round of every benchmark per build, pooled over ``runs`` alternating runs."""
-    pooled: dict[str, dict[str, list[float]]] = {baseline.label: {}, candidate.label: {}}
+    baseline: Build, candidate: Build, runs: int, warmup_runs: int, out: Path, args: list[str]
+) -> tuple[dict[str, dict[str, list[tuple[float, ...]]]], dict[str, str]]:
+    """Each benchmark's rounds per build and run, over ``runs`` runs in the order
+    A B B A A B ..., after ``warmup_runs`` unrecorded runs of each build (file caches,
+    imports: the first run on a machine is slower, whichever build it is)."""
+    runs_of: dict[str, dict[str, list[tuple[float, ...]]]] = {
+        baseline.label: {},
+        candidate.label: {},
+    }
     torch_of: dict[str, str] = {}
-    for run in range(runs):
+    for run in range(-warmup_runs, runs):
         order = (baseline, candidate) if run % 2 == 0 else (candidate, baseline)
         for build in order:
-            print(f"bench_compare: run {run + 1}/{runs}: {build.label}", flush=True)
-            timings, torch_of[build.label] = _timings(run_benchmarks(build, run, out, pytest_args))
+            what = "warm-up" if run < 0 else f"run {run + 1}/{runs}"
+            print(f"bench_compare: {what}: {build.label}", flush=True)
+            timings, torch_of[build.label] = _timings(run_benchmarks(build, run, out, args))
+            if run < 0:
+                continue
             for name, values in timings.items():
-                pooled[build.label].setdefault(name, []).extend(values)
-    return pooled, torch_of
+                runs_of[build.label].setdefault(name, []).append(tuple(values))
+    return runs_of, torch_of
 
 
 def _describe(build: Build, torch_version: str) -> str:
@@ -101,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidate-python", default=sys.executable)
     parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--runs", type=int, default=3, help="runs per build (default 3)")
+    parser.add_argument("--runs", type=int, default=6, help="runs per build (default 6)")
+    parser.add_argument(
+        "--warmup-runs", type=int, default=1, help="unrecorded runs per build first (default 1)"
+    )
     parser.add_argument("--threshold", type=float, default=1.05, help="slowdown ratio to fail")
     parser.add_argument("--out", type=Path, default=Path("bench-compare"))
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
@@ -109,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     baseline = Build("baseline", args.baseline_python, _env_pairs(args.baseline_env))
     candidate = Build("candidate", args.candidate_python, _env_pairs(args.candidate_env))
     out: Path = args.out.resolve()
-    pooled, torch_of = interleaved(baseline, candidate, args.runs, out, args.pytest_args)
+    runs_of, torch_of = interleaved(
+        baseline, candidate, args.runs, args.warmup_runs, out, args.pytest_args
+    )
     comparisons: list[Comparison] = [
-        compare(name, pooled["baseline"][name], pooled["candidate"][name], args.threshold)
-        for name in pooled["baseline"]
-        if name in pooled["candidate"]
+        compare(
+            name,
+            tuple(runs_of["baseline"][name]),
+            tuple(runs_of["candidate"][name]),
+            args.threshold,
+        )
+        for name in runs_of["baseline"]
+        if name in runs_of["candidate"]
     ]
     plots = {}
     for comparison in comparisons:
