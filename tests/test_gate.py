@@ -63,7 +63,10 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
     manifest.write_text(f"# a fork's own manifest\n{KNOWN}\n{STALE}\n")
     out = work / "report"
     args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest)]
-    completed = run_gate(*args, "--", str(suite / "inner_gate.py"), "-p", "no:cacheprovider")
+    # The rootdir is the suite's folder wherever this runs (else the common ancestor of it
+    # and the working directory, e.g. /tmp for a checkout in /tmp): node ids as in a fork.
+    test_args = [str(suite / "inner_gate.py"), f"--rootdir={suite}", "-p", "no:cacheprovider"]
+    completed = run_gate(*args, "--", *test_args)
     output = completed.stdout + completed.stderr
     assert (out / "results.json").exists(), output
     return GateRun(completed.returncode, output, out, GateResults.load(out / "results.json"))
