@@ -24,8 +24,16 @@ MODEL_OPS = {
     "dcp_load": (DCP, "load"),
 }
 OPS = {**UTILITY_OPS, **MODEL_OPS}
-PARALLELISMS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp")
+# The default cells of the model operations; any cell of conformance's matrix may be named.
+DEFAULT_PARALLELISMS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp")
 DEFAULT_SIZES_MIB = (4, 32)
+
+
+def known_parallelisms(world_size: int) -> tuple[str, ...]:
+    """The matrix's cells that run at ``world_size``."""
+    from conformance._parallelisms import PARALLELISMS
+
+    return tuple(name for name, cell in PARALLELISMS.items() if cell.supports(world_size))
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,6 @@ class BenchCase:
             raise ValueError(f"{self.op}: size must be at least 1 MiB, got {self.size_mib}")
         if (self.op in MODEL_OPS) != (self.parallelism is not None):
             raise ValueError(f"{self.op}: a parallelism is needed exactly for model operations")
-        if self.parallelism is not None and self.parallelism not in PARALLELISMS:
-            raise ValueError(f"{self.op}: unknown parallelism {self.parallelism!r}")
 
     @property
     def name(self) -> str:
@@ -53,13 +59,16 @@ class BenchCase:
         return f"{self.op}{cell}-{self.size_mib}MiB"
 
 
-def cases(sizes_mib: tuple[int, ...] = DEFAULT_SIZES_MIB) -> list[BenchCase]:
+def cases(
+    sizes_mib: tuple[int, ...] = DEFAULT_SIZES_MIB,
+    parallelisms: tuple[str, ...] = DEFAULT_PARALLELISMS,
+) -> list[BenchCase]:
     """Every utility at every size, and every model operation for every parallelism."""
     found = [BenchCase(op, size) for op in UTILITY_OPS for size in sizes_mib]
     found += [
         BenchCase(op, size, parallelism)
         for op in MODEL_OPS
-        for parallelism in PARALLELISMS
+        for parallelism in parallelisms
         for size in sizes_mib
     ]
     return found

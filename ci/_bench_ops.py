@@ -30,15 +30,12 @@ def prepare(case: BenchCase, world: Any, workdir: Path) -> Callable[[], object]:
     return _model_op(case, function, world, workdir)
 
 
-def _tensors(case: BenchCase, fill: float = 1.0) -> dict[str, Any]:
+def _tensors(case: BenchCase, device: Any, fill: float = 1.0) -> dict[str, Any]:
     import torch
 
     count = max(1, case.size_mib * MIB // TENSOR_BYTES)
-    rows = 64
-    return {
-        f"layer{i}.weight": torch.full((rows, TENSOR_BYTES // 4 // rows), fill)
-        for i in range(count)
-    }
+    shape = (64, TENSOR_BYTES // 4 // 64)
+    return {f"layer{i}.weight": torch.full(shape, fill, device=device) for i in range(count)}
 
 
 def _sharded(state: dict[str, Any], world: Any) -> dict[str, Any]:
@@ -49,24 +46,25 @@ def _sharded(state: dict[str, Any], world: Any) -> dict[str, Any]:
 
 
 def _utility(case: BenchCase, function: Callable[..., Any], world: Any) -> Callable[[], object]:
+    """Inputs on the world's device (a GPU under NCCL); copies go into a CPU companion."""
     import torch
 
-    plain = _tensors(case)
-    cpu = torch.device("cpu")
+    device = world.device
+    source = _tensors(case, device)
     if case.op == "gather":
-        sharded = _sharded(plain, world)
+        sharded = _sharded(source, world)
         return lambda: function(sharded)
     if case.op in ("offload", "create_cpu"):
-        return lambda: function(plain)
+        return lambda: function(source)
     if case.op == "copy":
-        target = _tensors(case, fill=0.0)
-        return lambda: function(plain, target)
+        companion = _tensors(case, torch.device("cpu"), fill=0.0)
+        return lambda: function(source, companion)
     if case.op == "broadcast":
-        local = _tensors(case, fill=0.0)
-        full = plain if world.rank == 0 else {}
-        return lambda: function(full, local, device=cpu)
-    local_shards = _sharded(_tensors(case, fill=0.0), world)
-    return lambda: function(plain, local_shards, device=cpu)  # distribute
+        local = _tensors(case, device, fill=0.0)
+        full = source if world.rank == 0 else {}
+        return lambda: function(full, local, device=device)
+    local_shards = _sharded(_tensors(case, device, fill=0.0), world)
+    return lambda: function(source, local_shards, device=device)  # distribute
 
 
 def _model_op(
@@ -79,9 +77,9 @@ def _model_op(
 
     hidden = case.size_mib * MIB // 4 // 13  # fc1 (7 + 1) and fc2 (5) values per unit
     torch.manual_seed(0)
-    model = PARALLELISMS[str(case.parallelism)].wrap(MLPWithBuffers(hidden), world)
+    model = PARALLELISMS[str(case.parallelism)].wrap(MLPWithBuffers(hidden).to(world.device), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    model(batch(0)).sum().backward()
+    model(batch(0).to(world.device)).sum().backward()
     optimizer.step()
     get_state_dict = lookup("torch.distributed.checkpoint.state_dict", "get_state_dict")
     if case.op == "get_state_dict":

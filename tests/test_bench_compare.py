@@ -126,3 +126,32 @@ def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     assert "| REGRESSION |" in report
     assert (out / "copy-2MiB.png").read_bytes().startswith(b"\x89PNG")
     assert '<img src="copy-2MiB.png"' in (out / "report.html").read_text()
+
+
+def _collect(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pytest", "ci/benchmarks", "--collect-only", "-q", *args]
+    return subprocess.run(
+        [*command, "-p", "no:cacheprovider"],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_any_cell_of_the_matrix_can_be_benchmarked() -> None:
+    from ci._bench_cases import known_parallelisms
+
+    completed = _collect("--bench-parallelisms", "all", "--bench-sizes-mib", "4")
+    assert completed.returncode == 0, completed.stdout
+    cells = known_parallelisms(2)
+    assert "fsdp1_no_shard_flat_nested" in cells
+    for cell in cells:
+        assert f"test_state_dict_op[dcp_load-{cell}-4MiB]" in completed.stdout
+
+
+def test_a_cell_missing_at_the_world_size_is_a_usage_error() -> None:
+    completed = _collect("--bench-parallelisms", "ddp,hsdp2")
+    assert completed.returncode == 4
+    assert "--bench-parallelisms: ['hsdp2'] do not run at this world size" in completed.stderr

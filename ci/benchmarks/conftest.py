@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
-from ci._bench_cases import DEFAULT_SIZES_MIB, cases
+from ci._bench_cases import (
+    DEFAULT_PARALLELISMS,
+    DEFAULT_SIZES_MIB,
+    cases,
+    known_parallelisms,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,13 +23,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--bench-world-size", type=int, default=2, help="ranks (default 2)")
     group.addoption("--bench-rounds", type=int, default=10, help="timed rounds per case")
     group.addoption(
+        "--bench-parallelisms",
+        default=",".join(DEFAULT_PARALLELISMS),
+        help="cells of the model operations, comma-separated, or 'all' that run at the "
+        "world size (default %(default)s)",
+    )
+    group.addoption(
         "--bench-sizes-mib",
         default=",".join(map(str, DEFAULT_SIZES_MIB)),
         help="state sizes, comma-separated (default %(default)s)",
     )
 
 
+_CELLS = pytest.StashKey[tuple[str, ...]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_CELLS] = _parallelisms(config)  # a bad name is a usage error, up front
     json_path = config.getoption("benchmark_json", None)
     if json_path is not None:  # pytest-benchmark writes it without making its folder
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -32,9 +47,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" in metafunc.fixturenames:
-        sizes = tuple(int(s) for s in metafunc.config.getoption("bench_sizes_mib").split(","))
-        found = cases(sizes)
+        config = metafunc.config
+        sizes = tuple(int(s) for s in config.getoption("bench_sizes_mib").split(","))
+        found = cases(sizes, config.stash[_CELLS])
         metafunc.parametrize("case", found, ids=[case.name for case in found])
+
+
+def _parallelisms(config: pytest.Config) -> tuple[str, ...]:
+    known = known_parallelisms(config.getoption("bench_world_size"))
+    wanted = config.getoption("bench_parallelisms")
+    if wanted == "all":
+        return known
+    names = tuple(wanted.split(","))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise pytest.UsageError(
+            f"--bench-parallelisms: {unknown} do not run at this world size; known: {known}"
+        )
+    return names
 
 
 @pytest.fixture(scope="session")
