@@ -38,14 +38,23 @@ def test_default_manifest_drops_the_local_version_part() -> None:
     assert default_manifest("0.0.1") is None
 
 
-def test_unused_entries_are_reported(pytester: pytest.Pytester) -> None:
+def _suite(pytester: pytest.Pytester, manifest: str, **modules: str) -> str:
+    """A pytester suite with the manifest plugin, ``modules`` and ``manifest``; the manifest's
+    ``--manifest`` argument."""
     pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
-    pytester.makepyfile(test_a="def test_a():\n    assert False\n")
-    manifest = pytester.path / "m.txt"
-    manifest.write_text(
-        "test_a.py::test_a | known | https://example.org\ntest_a.py::gone | old | https://example.org\n"
+    pytester.makepyfile(**modules)
+    path = pytester.path / "m.txt"
+    path.write_text(manifest)
+    return f"--manifest={path}"
+
+
+def test_unused_entries_are_reported(pytester: pytest.Pytester) -> None:
+    manifest = _suite(
+        pytester,
+        "test_a.py::test_a | known | https://example.org\ntest_a.py::gone | old | https://example.org\n",
+        test_a="def test_a():\n    assert False\n",
     )
-    result = pytester.runpytest("--manifest", str(manifest))
+    result = pytester.runpytest(manifest)
     result.assert_outcomes(xfailed=1)
     result.stdout.fnmatch_lines(
         ["*manifest entries that match no test*", "*m.txt:2: test_a.py::gone"]
@@ -53,33 +62,35 @@ def test_unused_entries_are_reported(pytester: pytest.Pytester) -> None:
 
 
 def test_skip_entries_skip_without_running(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
-    pytester.makepyfile(test_a="def test_hangs():\n    raise SystemExit('ran')\n")
-    manifest = pytester.path / "m.txt"
-    manifest.write_text("skip | test_a.py::test_hangs | hangs rank 0 | https://example.org/h\n")
-    result = pytester.runpytest("--manifest", str(manifest), "-rs")
+    manifest = _suite(
+        pytester,
+        "skip | test_a.py::test_hangs | hangs rank 0 | https://example.org/h\n",
+        test_a="def test_hangs():\n    raise SystemExit('ran')\n",
+    )
+    result = pytester.runpytest(manifest, "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*manifest: hangs rank 0 (https://example.org/h)*"])
 
 
 def test_a_run_of_chosen_ids_does_not_call_entries_stale(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
-    pytester.makepyfile(test_a="def test_a():\n    pass\n\ndef test_b():\n    assert False\n")
-    manifest = pytester.path / "m.txt"
-    manifest.write_text("test_a.py::test_b | known | https://example.org\n")
-    result = pytester.runpytest("--manifest", str(manifest), "test_a.py::test_a")
+    manifest = _suite(
+        pytester,
+        "test_a.py::test_b | known | https://example.org\n",
+        test_a="def test_a():\n    pass\n\ndef test_b():\n    assert False\n",
+    )
+    result = pytester.runpytest(manifest, "test_a.py::test_a")
     result.assert_outcomes(passed=1)
     assert "match no test" not in result.stdout.str()
 
 
 def test_entries_of_modules_outside_the_run_are_not_judged(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest("pytest_plugins = ['conformance.conftest']")
-    pytester.makepyfile(test_a="def test_a():\n    pass\n", test_b="def test_b():\n    pass\n")
-    manifest = pytester.path / "m.txt"
-    manifest.write_text(
+    manifest = _suite(
+        pytester,
         "test_b.py::test_b | not run here | https://example.org\n"
-        "test_gone.py::test_c | module deleted | https://example.org\n"
+        "test_gone.py::test_c | module deleted | https://example.org\n",
+        test_a="def test_a():\n    pass\n",
+        test_b="def test_b():\n    pass\n",
     )
-    result = pytester.runpytest("--manifest", str(manifest), "test_a.py")
+    result = pytester.runpytest(manifest, "test_a.py")
     result.stdout.fnmatch_lines(["*m.txt:2: test_gone.py::test_c"])
     assert "m.txt:1" not in result.stdout.str()
