@@ -108,6 +108,7 @@ class GateRecorder:
         self.records: dict[str, _Record] = {}
         self.sizes: dict[str, int | None] = {}
         self.current_size: int | None = None
+        self.final: GateResults  # set when the session finishes
 
     # ----- hooks ------------------------------------------------------------
 
@@ -124,16 +125,17 @@ class GateRecorder:
             self._maybe_show_progress(size, changed_world=size != self.current_size)
             self.current_size = size
 
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        results = self.results(exit_status=0)
-        terminalreporter.section("gate summary")
-        for line in summary_table(results):
-            terminalreporter.line(line)
-
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.final = self.results(int(exitstatus))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.results(int(exitstatus)).save(self.path)
+        self.final.save(self.path)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        # The terminal reporter calls this after every pytest_sessionfinish has run.
+        terminalreporter.section("gate summary")
+        for line in summary_table(self.final):
+            terminalreporter.line(line)
 
     # ----- results ----------------------------------------------------------
 

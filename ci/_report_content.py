@@ -55,6 +55,7 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
     failures = results.failures
     passed = results.exit_status == 0 and not failures
     verdict = "PASSED" if passed else f"FAILED ({len(failures)} failing test ids)"
+    totals = results.totals()
     checks = results.checks()
     matrix = results.matrix()
     target = results.target
@@ -79,7 +80,7 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
                 f"{results.duration_s / 60:.1f} min, pytest exit status {results.exit_status}",
             ),
         ],
-        totals=[(outcome, results.totals()[outcome]) for outcome in SYMBOLS],
+        totals=[(outcome, totals[outcome]) for outcome in SYMBOLS],
         checks=checks,
         matrix_rows=[
             (parallelism, [cell(by_check.get(check, Counter())) for check in checks])
