@@ -25,6 +25,8 @@ from ci._bench_stats import REGRESSION, Comparison, compare
 from ci._target import SUITE_ROOT
 
 REGRESSION_EXIT = 1
+# The builds' own operations; the oracle's speed says nothing about a build.
+STATE_DICT_OPS = "ci/benchmarks/test_state_dict_ops.py"
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,12 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def run_benchmarks(build: Build, run: int, out: Path, pytest_args: list[str]) -> Path:
-    """One pytest-benchmark run of ``ci/benchmarks`` under ``build``; its JSON's path."""
+    """One pytest-benchmark run of the state-dict operations' benchmarks under ``build``;
+    its JSON's path."""
     name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
     raw = out / "raw" / f"{name}.json"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    command = [build.python, "-m", "pytest", "ci/benchmarks", "-q", "-p", "no:cacheprovider"]
+    command = [build.python, "-m", "pytest", STATE_DICT_OPS, "-q", "-p", "no:cacheprovider"]
     command += [f"--benchmark-json={raw}", "--benchmark-save-data", *pytest_args]
     completed = subprocess.run(
         command,

@@ -16,6 +16,9 @@ from ci._bench_cases import (
     cases,
     known_parallelisms,
 )
+from ci._oracle_bench import DEFAULT_SIZES_MIB as ORACLE_SIZES_MIB
+from ci._oracle_bench import OracleCase, summary_line
+from ci._oracle_bench import cases as oracle_cases
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,13 +36,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=",".join(map(str, DEFAULT_SIZES_MIB)),
         help="state sizes, comma-separated (default %(default)s)",
     )
+    group.addoption(
+        "--oracle-sizes-mib",
+        default=",".join(map(str, ORACLE_SIZES_MIB)),
+        help="state sizes of the oracle-speed cases, comma-separated (default %(default)s)",
+    )
 
 
 _CELLS = pytest.StashKey[tuple[str, ...]]()
+_ORACLE_TIMINGS = pytest.StashKey[dict[OracleCase, dict[str, list[float]]]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_CELLS] = _parallelisms(config)  # a bad name is a usage error, up front
+    config.stash[_ORACLE_TIMINGS] = {}
     json_path = config.getoption("benchmark_json", None)
     if json_path is not None:  # pytest-benchmark writes it without making its folder
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -48,9 +58,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" in metafunc.fixturenames:
         config = metafunc.config
-        sizes = tuple(int(s) for s in config.getoption("bench_sizes_mib").split(","))
+        sizes = _sizes(config.getoption("bench_sizes_mib"))
         found = cases(sizes, config.stash[_CELLS])
         metafunc.parametrize("case", found, ids=[case.name for case in found])
+    if "oracle_case" in metafunc.fixturenames:
+        sizes = _sizes(metafunc.config.getoption("oracle_sizes_mib"))
+        pairs = [(case, impl) for case in oracle_cases(sizes) for impl in case.implementations]
+        metafunc.parametrize(
+            ("oracle_case", "implementation"),
+            pairs,
+            ids=[f"{case.name}-{impl}" for case, impl in pairs],
+        )
+
+
+def _sizes(option: str) -> tuple[int, ...]:
+    return tuple(int(size) for size in option.split(","))
 
 
 def _parallelisms(config: pytest.Config) -> tuple[str, ...]:
@@ -90,3 +112,19 @@ def bench_world(request: pytest.FixtureRequest) -> Iterator[Any]:
 def bench_workdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="state-dict-bench-") as path:
         yield Path(path)
+
+
+@pytest.fixture(scope="session")
+def oracle_timings(request: pytest.FixtureRequest) -> dict[OracleCase, dict[str, list[float]]]:
+    """Each oracle-speed case's timings per implementation, measured once for all of them."""
+    return request.config.stash[_ORACLE_TIMINGS]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    measured = config.stash.get(_ORACLE_TIMINGS, {})
+    if not measured:
+        return
+    world_size = config.getoption("bench_world_size")
+    terminalreporter.section("oracle speed: medians, oracle / torch, throughput vs plain copy_")
+    for case, timings in measured.items():
+        terminalreporter.write_line(summary_line(case, world_size, timings))

@@ -9,48 +9,24 @@ a replay clock, so ``--benchmark-json`` holds them with its usual statistics.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ci._bench_cases import BenchCase
+from ci._bench_world import run_timed, write_timings
 from ci._replay_clock import CLOCK
-
-TIMINGS_FILE = "timings.json"
 
 
 def measure(world: Any, case: BenchCase, rounds: int, workdir: str) -> None:
-    """Runs on every rank: time ``case``; rank 0 writes the slowest rank's seconds."""
+    """Runs on every rank: time ``case``; rank 0 hands back the slowest rank's seconds."""
     from ci._bench_ops import prepare
     from ci._world_timing import time_max_over_ranks
 
     operation = prepare(case, world, Path(workdir))
     time_max_over_ranks(world, operation)  # warm-up: allocations, caches, lazy init
-    timings = [time_max_over_ranks(world, operation) for _ in range(rounds)]
-    if world.rank == 0:
-        (world.tmp_path / TIMINGS_FILE).write_text(json.dumps(timings))
-
-
-def _measure_in(world: Any, case: BenchCase, rounds: int, workdir: Path, tmp: Path) -> list[float]:
-    from harness import TestRequest
-
-    request = TestRequest(
-        module_name="state_dict_ops_bench_bodies",
-        module_path=__file__,
-        qualname="measure",
-        params={"case": case, "rounds": rounds, "workdir": str(workdir)},
-        tmp_path=str(tmp),
-        timeout_s=1800,
-    )
-    outcome = world.run(request)
-    if outcome.verdict == "skipped":
-        pytest.skip(outcome.reason)
-    if outcome.verdict != "passed":
-        pytest.fail(outcome.failure_report(), pytrace=False)
-    timings: list[float] = json.loads((tmp / TIMINGS_FILE).read_text())
-    return timings
+    write_timings(world, [time_max_over_ranks(world, operation) for _ in range(rounds)])
 
 
 @pytest.mark.benchmark(timer=CLOCK.now, group="state-dict")
@@ -63,7 +39,8 @@ def test_state_dict_op(
     tmp_path: Path,
 ) -> None:
     rounds = request.config.getoption("bench_rounds")
-    timings = _measure_in(bench_world, case, rounds, bench_workdir, tmp_path)
+    params = {"case": case, "rounds": rounds, "workdir": str(bench_workdir)}
+    timings = run_timed(bench_world, measure, params, tmp_path)
     import torch
 
     benchmark.extra_info.update(
