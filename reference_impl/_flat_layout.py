@@ -191,6 +191,18 @@ class FlatParamShard:
         return [self.canonical(segment.fqn) for segment in self.layout.segments]
 
     @property
+    def shared(self) -> dict[str, str]:
+        """Each further canonical FQN of a parameter the flat parameter holds once (tied
+        weights), and the canonical FQN it holds it under."""
+        infos = getattr(self.flat_param, "_shared_param_infos", None) or ()
+        return {
+            self.canonical(_join(info.module_name, info.param_name)): self.canonical(
+                _join(info.prim_module_name, info.prim_param_name)
+            )
+            for info in infos
+        }
+
+    @property
     def originals(self) -> list[torch.nn.Parameter] | None:
         """The original parameters FSDP1 exposes under ``use_orig_params``; None without."""
         params = self.flat_param._params  # type: ignore[attr-defined]
@@ -244,3 +256,7 @@ def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
             FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh, sharded=sharded)
         )
     return shards
+
+
+def _join(module_name: str, name: str) -> str:
+    return f"{module_name}.{name}" if module_name else name

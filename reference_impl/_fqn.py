@@ -172,5 +172,9 @@ def _walk(
 
 
 def _flat_parameter_fqns(param: torch.Tensor) -> list[str] | None:
-    """The original parameters' FQNs (relative to its module) an FSDP1 flat parameter holds."""
-    return list(param._fqns) if isinstance(param, FlatParameter) else None
+    """The original parameters' FQNs (relative to its module) an FSDP1 flat parameter holds,
+    a tied weight under each of its FQNs, as the module's state dict names them."""
+    if not isinstance(param, FlatParameter):
+        return None
+    shared = [_join(info.module_name, info.param_name) for info in param._shared_param_infos]
+    return [*param._fqns, *shared]

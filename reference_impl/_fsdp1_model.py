@@ -95,6 +95,9 @@ class Fsdp1Model:
             for shard in self.shards
             for segment in shard.layout.segments
         }
+        for shard in self.shards:  # a tied weight is saved under each of its FQNs
+            for sharer, holder in shard.shared.items():
+                self.originals[sharer] = self.originals[holder]
         self.fsdp_buffers = {id(b) for m in fsdp_modules for b in m.buffers()}
         root = fsdp_modules[0]
         self.original_dtypes = _original_buffer_dtypes(root)

@@ -151,10 +151,15 @@ def _named_group(group: dict[str, Any], fqns_of: dict[ParamKey, list[str]]) -> d
 def _in_upstream_order(
     state: StateDict, first_ranks_order: list[str], shards: list[FlatParamShard]
 ) -> StateDict:
-    """Sorted by FQN under ``use_orig_params`` (ranks merge their keys); else in the order of
-    the group's first rank's optimizer (it tells the others which keys come)."""
+    """Under ``use_orig_params`` (ranks merge their keys): by FQN, each flat parameter's
+    keys together where its first key falls, after the keys FSDP1 does not manage. Else in
+    the order of the group's first rank's optimizer (it tells the others which keys come)."""
     if any(shard.originals is not None for shard in shards):
-        return dict(sorted(state.items()))
+        unit_of = {fqn: index for index, shard in enumerate(shards) for fqn in shard.fqns}
+        by_unit: dict[int | None, list[str]] = {None: []}
+        for fqn in sorted(state):
+            by_unit.setdefault(unit_of.get(fqn), []).append(fqn)
+        return {fqn: state[fqn] for fqns in by_unit.values() for fqn in fqns}
     position = {fqn: i for i, fqn in enumerate(first_ranks_order)}
     return dict(sorted(state.items(), key=lambda item: position.get(item[0], len(position))))
 
