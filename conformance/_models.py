@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 SEED = 1234
+VOCAB = 11
 
 
 class MLPWithBuffers(nn.Module):
@@ -17,6 +19,8 @@ class MLPWithBuffers(nn.Module):
     Sizes (7 → 10 → 5) do not divide by 2 or 4, so every sharding is uneven;
     benchmarks scale the hidden width.
     """
+
+    units = ("fc1", "fc2")  # the submodules a nested wrapping wraps on their own
 
     def __init__(self, hidden: int = 10) -> None:
         super().__init__()
@@ -27,6 +31,16 @@ class MLPWithBuffers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)) * self.running_scale)
+
+    def tp_plan(self) -> dict[str, Any]:
+        """fc1 column-wise, fc2 row-wise, the activations between them replicated."""
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {
+            "fc1": ColwiseParallel(output_layouts=Replicate()),
+            "fc2": RowwiseParallel(input_layouts=Replicate()),
+        }
 
 
 def seeded_mlp() -> MLPWithBuffers:
@@ -48,24 +62,30 @@ def train(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     *,
     start: int = 0,
+    inputs: Callable[[int], torch.Tensor] = batch,
 ) -> None:
-    """``steps`` training steps on batches ``start, start + 1, ...``: resuming after a load
-    at ``start`` trains on what an uninterrupted run would."""
+    """``steps`` training steps on ``inputs(start), inputs(start + 1), ...``: resuming after
+    a load at ``start`` trains on what an uninterrupted run would."""
     for step in range(start, start + steps):
         optimizer.zero_grad()
-        model(batch(step)).pow(2).mean().backward()
+        model(inputs(step)).pow(2).mean().backward()
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
 
 
 class TiedEmbedding(nn.Module):
-    """An embedding whose weight the output head shares (one parameter, two FQNs)."""
+    """An embedding whose weight the output head shares (one parameter, two FQNs).
+
+    No nested units: FSDP needs both users of a shared parameter in one unit.
+    """
+
+    units: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(11, 6)
-        self.head = nn.Linear(6, 11, bias=False)
+        self.embed = nn.Embedding(VOCAB, 6)
+        self.head = nn.Linear(6, VOCAB, bias=False)
         self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -77,12 +97,10 @@ def seeded_tied() -> TiedEmbedding:
     return TiedEmbedding()
 
 
-def train_tied(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    for step in range(steps):
-        tokens = torch.randint(0, 11, (4, 3), generator=torch.Generator().manual_seed(SEED + step))
-        optimizer.zero_grad()
-        model(tokens).pow(2).mean().backward()
-        optimizer.step()
+def tokens(step: int) -> torch.Tensor:
+    """The same token batch on every rank, for the models that embed tokens."""
+    generator = torch.Generator().manual_seed(SEED + step)
+    return torch.randint(0, VOCAB, (4, 5), generator=generator)
 
 
 @dataclass(frozen=True)
@@ -94,15 +112,21 @@ class GroundTruth:
     param_groups: list[dict[str, Any]]  # hyper-parameters, with FQN lists as "params"
 
 
-def ground_truth(steps: int, recipe: Any = None) -> GroundTruth:
-    """Train the seeded MLP alone with ``recipe`` (default: Adam, lr 0.01) for ``steps``."""
-    model = seeded_mlp()
+def ground_truth(
+    steps: int,
+    recipe: Any = None,
+    *,
+    build: Callable[[], nn.Module] = seeded_mlp,
+    inputs: Callable[[int], torch.Tensor] = batch,
+) -> GroundTruth:
+    """Train ``build()`` alone with ``recipe`` (default: Adam, lr 0.01) for ``steps``."""
+    model = build()
     if recipe is None:
         optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         scheduler = None
     else:
         optimizer, scheduler = recipe.build(model)
-    train(model, optimizer, steps, scheduler)
+    train(model, optimizer, steps, scheduler, inputs=inputs)
     names = {param: name for name, param in model.named_parameters()}
     return GroundTruth(
         model=model.state_dict(),

@@ -1,8 +1,10 @@
 """The parallelisms of the matrix: how each wraps a model, and at which world sizes it exists.
 
-Every wrapper takes a freshly seeded ``MLPWithBuffers`` (``fc1``, ``fc2``)
-and the rank's world context, and returns the parallelised model. Each is a
-cell a user can name in a test id.
+Every wrapper takes a freshly seeded model of ``conformance._models`` and the
+rank's world context, and returns the parallelised model. A model names its
+``units`` (the submodules a nested wrapping wraps on their own) and, where
+tensor parallelism applies to it, its ``tp_plan()``. Each wrapper is a cell a
+user can name in a test id.
 """
 
 from __future__ import annotations
@@ -80,11 +82,11 @@ def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD is deprecated
             if nested:
-                for name in ("fc1", "fc2"):
-                    layer = FullyShardedDataParallel(
-                        getattr(model, name), device_mesh=mesh, **options
+                for unit in units(model):
+                    wrapped = FullyShardedDataParallel(
+                        model.get_submodule(unit), device_mesh=mesh, **options
                     )
-                    setattr(model, name, layer)
+                    _replace_submodule(model, unit, wrapped)
             return FullyShardedDataParallel(model, device_mesh=mesh, **options)
 
     return wrap
@@ -100,27 +102,34 @@ def _fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
         from torch.distributed.fsdp import fully_shard
 
         mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
-        for layer in (model.fc1, model.fc2):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        for unit in units(model):
+            fully_shard(
+                model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward
+            )
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
         return model
 
     return wrap
 
 
-def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+def units(model: nn.Module) -> tuple[str, ...]:
+    """The submodules of ``model`` that nested wrappings wrap on their own."""
+    found: tuple[str, ...] = getattr(model, "units", ())
+    return found
 
-    plan = {
-        "fc1": ColwiseParallel(output_layouts=Replicate()),
-        "fc2": RowwiseParallel(input_layouts=Replicate()),
-    }
-    return parallelize_module(model, mesh, plan)
+
+def _replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent), name, module)
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = getattr(model, "tp_plan", None)
+    if plan is None:
+        pytest.skip(f"{type(model).__name__} has no tensor-parallel plan")
+    return parallelize_module(model, mesh, plan())
 
 
 def _tp(model: nn.Module, world: Any) -> nn.Module:
@@ -132,8 +141,8 @@ def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
 
     mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
     model = _tensor_parallel(model, mesh["tp"])
-    for layer in (model.fc1, model.fc2):
-        fully_shard(layer, mesh=mesh["dp"])
+    for unit in units(model):
+        fully_shard(model.get_submodule(unit), mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     return model
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._models import ground_truth, seeded_mlp, seeded_tied, train, train_tied
+from conformance._models import ground_truth, seeded_mlp, seeded_tied, tokens, train
 from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import STATE_DICT_UTILS, upstream
 
@@ -276,7 +276,7 @@ def test_shared_parameters_in_set_optimizer_state_dict(world, name):
 
     model = wrap(seeded_tied())
     optimizer = _adam(model)
-    train_tied(model, optimizer, steps=2)
+    train(model, optimizer, steps=2, inputs=tokens)
     saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
     fresh = wrap(seeded_tied())
     fresh_optimizer = _adam(fresh)

@@ -1,0 +1,146 @@
+"""The models of the matrix: each a seeded model, its inputs, and the variants around it.
+
+A recipe builds the same model on every rank and in the single-process ground truth.
+Variants change how the model runs, never its state: activation checkpointing wraps its
+units (``_checkpoint_wrapped_module.`` in the raw keys), ``torch.compile`` wraps the
+parallelised model (``_orig_mod.``); canonical state dicts must not show either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from conformance._models import (
+    SEED,
+    GroundTruth,
+    MLPWithBuffers,
+    batch,
+    ground_truth,
+    seeded_mlp,
+    seeded_tied,
+    tokens,
+    train,
+)
+from conformance._parallelisms import Parallelism, units
+from conformance._transformer import seeded_transformer
+
+VARIANTS = ("plain", "checkpointed", "compiled")
+TRAIN_STEPS = 2
+
+
+class Calibration(nn.Module):
+    """State that is no tensor: a count of forward passes, through ``get_extra_state``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"seen": self.seen, "unit": "batches"}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+class MLPWithExtraState(MLPWithBuffers):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calibration = Calibration()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.calibration(x))
+
+
+def _seeded_extra_state() -> nn.Module:
+    torch.manual_seed(SEED)
+    return MLPWithExtraState()
+
+
+def _seeded_frozen() -> nn.Module:
+    """The MLP with ``fc1`` frozen: its parameters get no gradient and no optimizer state."""
+    model = seeded_mlp()
+    model.fc1.requires_grad_(False)
+    return model
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A named model of the matrix in one ``variant``; ``inputs(step)`` is its batch."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], torch.Tensor]
+    variant: str = "plain"
+    # FSDP1 flat parameters need one requires_grad per flat parameter.
+    mixed_requires_grad: bool = False
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"{self.name}: variant must be one of {VARIANTS}, not {self.variant}")
+
+    @property
+    def id(self) -> str:
+        return self.name if self.variant == "plain" else f"{self.name}_{self.variant}"
+
+    def unsupported(self, cell: Parallelism) -> str | None:
+        """Why ``cell`` cannot wrap this model, or None."""
+        model = self.build()
+        if self.mixed_requires_grad and cell.flat_params and "nested" not in cell.name:
+            return "one FSDP1 flat parameter cannot mix frozen and trainable parameters"
+        if self.variant == "checkpointed" and not units(model):
+            return f"{self.name} has no units to checkpoint"
+        if "tp" in cell.name.split("_") and getattr(model, "tp_plan", None) is None:
+            return f"{self.name} has no tensor-parallel plan"
+        return None
+
+    def make(self, cell: Parallelism, world: Any) -> nn.Module:
+        """The model, parallelised by ``cell``, in this recipe's variant."""
+        model = self.build().to(world.device)
+        targets = {id(model.get_submodule(unit)) for unit in units(model)}
+        wrapped = cell.wrap(model, world)
+        if self.variant == "checkpointed":
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                apply_activation_checkpointing,
+            )
+
+            apply_activation_checkpointing(wrapped, check_fn=lambda module: id(module) in targets)
+        if self.variant == "compiled":
+            wrapped = torch.compile(wrapped, backend="eager")  # CPU-safe: no code generation
+        return wrapped
+
+    def train(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, device: Any
+    ) -> None:
+        """``steps`` steps on this model's inputs, moved to the ranks' ``device``."""
+        train(model, optimizer, steps, inputs=lambda step: self.inputs(step).to(device))
+
+    def ground_truth(self, steps: int) -> GroundTruth:
+        """The single-process model and Adam after ``steps``: what every cell must equal."""
+        return ground_truth(steps, build=self.build, inputs=self.inputs)
+
+
+def _catalogue() -> dict[str, ModelRecipe]:
+    bases = [
+        ModelRecipe("mlp", seeded_mlp, batch),
+        ModelRecipe("tied", seeded_tied, tokens),
+        ModelRecipe("frozen", _seeded_frozen, batch, mixed_requires_grad=True),
+        ModelRecipe("extra_state", _seeded_extra_state, batch),
+        ModelRecipe("transformer", seeded_transformer, tokens),
+    ]
+    recipes = list(bases)
+    for base in (bases[0], bases[4]):
+        for variant in VARIANTS[1:]:
+            recipes.append(ModelRecipe(base.name, base.build, base.inputs, variant))
+    return {recipe.id: recipe for recipe in recipes}
+
+
+MODELS = _catalogue()

@@ -1,0 +1,112 @@
+"""The matrix's models beyond the plain MLP, across the parallelisms.
+
+Tied embeddings, frozen parameters, extra state, a small transformer, and the
+MLP and transformer under activation checkpointing and ``torch.compile``: each
+wrapped by the cells below must give the single-process state dicts, agree with
+the oracle, and load back what it saved. Each cell runs at the smallest world
+size it has above one rank. Tensor-parallel cells compare within the tolerances
+of ``comparison_tolerance``; every other cell is exact.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+import reference_impl as ri
+from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._model_zoo import MODELS, TRAIN_STEPS, ModelRecipe
+from conformance._parallelisms import PARALLELISMS, Parallelism, comparison_tolerance
+from conformance._upstream import DSD, upstream
+
+CELLS = (
+    "ddp",
+    "fsdp1_full_shard_orig_nested",
+    "fsdp1_full_shard_flat_nested",
+    "fsdp1_shard_grad_op_flat",
+    "fsdp1_hybrid_shard_orig_nested",
+    "fsdp2",
+    "fsdp2_keep_unsharded",
+    "hsdp2",
+    "tp",
+    "fsdp2_tp",
+)
+MODEL_IDS = tuple(name for name in MODELS if name != "mlp")  # the plain MLP: the main matrix
+OPTION_SETS = {
+    "sharded": {},
+    "full": {"full_state_dict": True},
+    "no_frozen": {"ignore_frozen_params": True},
+}
+FULL = ri.StateDictOptions(full_state_dict=True)
+
+
+def _trained(
+    recipe: ModelRecipe, cell: Parallelism, world: Any
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model in ``cell``, trained ``TRAIN_STEPS`` Adam steps; skips where it cannot run."""
+    cell.skip_unless_supported(world.size)
+    smallest = min(size for size in cell.sizes if size >= 2)
+    if world.size != smallest:
+        pytest.skip(f"{cell.name} is covered at world size {smallest}")
+    reason = recipe.unsupported(cell)
+    if reason is not None:
+        pytest.skip(reason)
+    model = recipe.make(cell, world)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    recipe.train(model, optimizer, TRAIN_STEPS, world.device)
+    return model, optimizer
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_model_state_equals_single_process(world, model_id, cell):
+    recipe, parallelism = MODELS[model_id], PARALLELISMS[cell]
+    model, optimizer = _trained(recipe, parallelism, world)
+    expected = recipe.ground_truth(TRAIN_STEPS)
+    tolerance = comparison_tolerance(parallelism)
+    get_model = upstream(DSD, "get_model_state_dict")
+    get_optimizer = upstream(DSD, "get_optimizer_state_dict")
+    theirs = upstream(DSD, "StateDictOptions")(full_state_dict=True)
+    assert_state_dict_equal(get_model(model, options=theirs), expected.model, **tolerance)
+    actual = get_optimizer(model, optimizer, options=theirs)
+    assert_state_dict_equal(actual["state"], expected.optimizer_state, **tolerance)
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_model_get_state_dict_matches_the_oracle(world, model_id, cell, options):
+    model, optimizer = _trained(MODELS[model_id], PARALLELISMS[cell], world)
+    theirs = upstream(DSD, "StateDictOptions")(**OPTION_SETS[options])
+    ours = ri.StateDictOptions(**OPTION_SETS[options])
+    assert_trees_identical(
+        upstream(DSD, "get_model_state_dict")(model, options=theirs),
+        ri.get_model_state_dict(model, options=ours),
+    )
+    assert_trees_identical(
+        upstream(DSD, "get_optimizer_state_dict")(model, optimizer, options=theirs),
+        ri.get_optimizer_state_dict(model, optimizer, options=ours),
+    )
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_model_load_restores_what_was_saved(world, model_id, cell):
+    """torch's get, one more step, torch's set: the full state dicts are back as saved."""
+    recipe = MODELS[model_id]
+    model, optimizer = _trained(recipe, PARALLELISMS[cell], world)
+    model_state, optim_state = copy.deepcopy(upstream(DSD, "get_state_dict")(model, optimizer))
+    expected = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
+    recipe.train(model, optimizer, 1, world.device)
+    upstream(DSD, "set_state_dict")(
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
+    )
+    actual = ri.get_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(actual[0], expected[0])
+    assert_state_dict_equal(actual[1]["state"], expected[1]["state"])
