@@ -92,14 +92,12 @@ class ModelRecipe:
         return self.name if self.variant == "plain" else f"{self.name}_{self.variant}"
 
     def unsupported(self, cell: Parallelism) -> str | None:
-        """Why ``cell`` cannot wrap this model, or None."""
-        model = self.build()
-        if self.mixed_requires_grad and cell.flat_params and "nested" not in cell.name:
+        """Why ``cell`` cannot wrap this model, or None (a model without a TP plan is
+        skipped by the TP cells themselves)."""
+        if self.mixed_requires_grad and cell.flat_params and not cell.nested:
             return "one FSDP1 flat parameter cannot mix frozen and trainable parameters"
-        if self.variant == "checkpointed" and not units(model):
+        if self.variant == "checkpointed" and not units(self.build()):
             return f"{self.name} has no units to checkpoint"
-        if "tp" in cell.name.split("_") and getattr(model, "tp_plan", None) is None:
-            return f"{self.name} has no tensor-parallel plan"
         return None
 
     def make(self, cell: Parallelism, world: Any) -> nn.Module:

@@ -36,6 +36,7 @@ class Parallelism:
     exact: bool = True
     fsdp1: bool = False
     flat_params: bool = False  # FSDP1 without use_orig_params: one flat parameter per wrap
+    nested: bool = False  # the model's units are wrapped on their own, inside the root
 
     def __post_init__(self) -> None:
         if not self.sizes or any(size < 1 for size in self.sizes):
@@ -163,7 +164,9 @@ def _catalogue() -> dict[str, Parallelism]:
                 name += "_nested" if nested else ""
                 sizes = (4,) if strategy == "HYBRID_SHARD" else (2, 4)
                 wrap = _fsdp1(strategy, orig, nested)
-                cells.append(Parallelism(name, wrap, sizes, fsdp1=True, flat_params=not orig))
+                cells.append(
+                    Parallelism(name, wrap, sizes, fsdp1=True, flat_params=not orig, nested=nested)
+                )
     return {cell.name: cell for cell in cells}
 
 

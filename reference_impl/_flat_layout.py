@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reference_impl._fqn import _join
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -256,7 +258,3 @@ def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
             FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh, sharded=sharded)
         )
     return shards
-
-
-def _join(module_name: str, name: str) -> str:
-    return f"{module_name}.{name}" if module_name else name
