@@ -85,7 +85,7 @@ class ModelNames:
     def _fqn_named(self, parameter_name: str, param: torch.Tensor) -> str | None:
         """The FQN among ``param``'s that ``named_parameters`` calls ``parameter_name``."""
         fqns = self.fqns_of(param)
-        named = self._fqn_by_key.get(_state_key(parameter_name))
+        named = self._fqn_by_key.get(without_stripped_segments(parameter_name))
         return named if named in fqns else (fqns[0] if fqns else None)
 
     def fqn_of_key(self, key: str) -> str:
@@ -127,9 +127,10 @@ class ModelNames:
         return fqn
 
 
-def _state_key(parameter_name: str) -> str:
-    """The state-dict key of a ``named_parameters`` name: wrapper segments stripped by hooks go."""
-    return ".".join(part for part in parameter_name.split(".") if part not in _STRIPPED_SEGMENTS)
+def without_stripped_segments(name: str) -> str:
+    """``name`` without the FSDP1 and checkpoint wrapper segments their state-dict hooks strip
+    (a ``named_parameters`` name, or an FQN a flat parameter records inside such wrappers)."""
+    return ".".join(part for part in name.split(".") if part not in _STRIPPED_SEGMENTS)
 
 
 _STRIPPED_SEGMENTS = frozenset(_STRIPPED_FROM_KEYS.values())
@@ -177,4 +178,4 @@ def _flat_parameter_fqns(param: torch.Tensor) -> list[str] | None:
     if not isinstance(param, FlatParameter):
         return None
     shared = [_join(info.module_name, info.param_name) for info in param._shared_param_infos]
-    return [*param._fqns, *shared]
+    return [without_stripped_segments(fqn) for fqn in (*param._fqns, *shared)]

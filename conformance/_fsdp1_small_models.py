@@ -1,0 +1,182 @@
+"""The small FSDP1 models of upstream's ``test_fsdp_state_dict.py``, built our way.
+
+Each builder seeds the generator first, so every rank (and every fresh copy)
+starts from the same values, and wraps with ``FullyShardedDataParallel`` on
+the rank's device. ``checkpoint`` puts activation-checkpoint wrappers inside
+the FSDP wrappers, where upstream puts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+
+SEED = 4321
+HALF = MixedPrecision(
+    param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16
+)
+
+
+def fsdp(module: nn.Module, device: torch.device, **kwargs: Any) -> FullyShardedDataParallel:
+    """FSDP1 on the rank's device; its deprecation and NO_SHARD warnings are silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return FullyShardedDataParallel(module, device_id=device, **kwargs)
+
+
+def _linear(checkpoint: bool = False) -> nn.Module:
+    linear = nn.Linear(10, 10, bias=False)
+    return checkpoint_wrapper(linear) if checkpoint else linear
+
+
+def simple(device: torch.device, checkpoint: bool = False, **kwargs: Any) -> nn.Module:
+    """One FSDP wrapper around one linear layer."""
+    torch.manual_seed(SEED)
+    return fsdp(_linear(checkpoint), device, **kwargs)
+
+
+def nested(
+    device: torch.device, checkpoint: bool = False, wrap: bool = True, **kwargs: Any
+) -> nn.Module:
+    """``FSDP(Sequential(FSDP(linear), linear))``; plain linears when not ``wrap``."""
+    torch.manual_seed(SEED)
+    first, second = _linear(checkpoint and wrap), _linear(checkpoint and wrap)
+    if not wrap:
+        return nn.Sequential(first, second)
+    sequence: nn.Module = nn.Sequential(fsdp(first, device, **kwargs), second)
+    if checkpoint:
+        sequence = checkpoint_wrapper(sequence)
+    return fsdp(sequence, device, **kwargs)
+
+
+class NonFsdpRoot(nn.Module):
+    """A plain root holding a linear layer of its own and two nested FSDP models."""
+
+    def __init__(self, device: torch.device, wrap: bool = True, **kwargs: Any) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.non_fsdp_lin = nn.Linear(10, 10, bias=False)
+        self.fsdp_1 = nested(device, wrap=wrap, **kwargs)
+        self.fsdp_2 = nested(device, wrap=wrap, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fsdp_2(self.fsdp_1(self.non_fsdp_lin(x)))
+
+
+def multi_buffer(
+    device: torch.device, mixed_precision: MixedPrecision | None = None, **kwargs: Any
+) -> nn.Module:
+    """Linear, BatchNorm (buffers, kept in float32), linear; the norm wrapped on its own.
+
+    Under ``mixed_precision`` both inner units cast their inputs, so a forward pass runs.
+    """
+    torch.manual_seed(SEED)
+    norm_precision = None
+    if mixed_precision:
+        mixed_precision = dataclasses.replace(mixed_precision, cast_forward_inputs=True)
+        norm_precision = MixedPrecision(*(torch.float32,) * 3, cast_forward_inputs=True)
+    sequence = nn.Sequential(
+        fsdp(nn.Linear(10, 10, bias=False), device, mixed_precision=mixed_precision, **kwargs),
+        fsdp(nn.BatchNorm1d(10), device, mixed_precision=norm_precision, **kwargs),
+        nn.Linear(10, 10, bias=False),
+    )
+    return fsdp(sequence, device, **kwargs)
+
+
+def apply_checkpointing_to_linears(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing around every linear layer, after wrapping."""
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=lambda module: checkpoint_wrapper(
+            module, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        ),
+        check_fn=lambda module: isinstance(module, nn.Linear),
+    )
+
+
+class InnerOuter(nn.Module):
+    """Upstream's two-linear ``Model``: ``inner`` (4 → 4, applied twice) and ``outer`` (4 → 5).
+
+    ``buffers`` adds a persistent and a non-persistent buffer to each;
+    ``inner_fsdp`` wraps ``inner`` on its own (ignoring it when ``ignore_inner``).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        inner_fsdp: bool = False,
+        buffers: bool = False,
+        ignore_inner: bool = False,
+        mixed_precision: bool = False,
+        group: Any = None,
+    ) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.inner: nn.Module = nn.Linear(4, 4)
+        self.outer = nn.Linear(4, 5)
+        if buffers:
+            for layer in (self.inner, self.outer):
+                layer.register_buffer("buffer", torch.randn(5, 5))
+                layer.register_buffer("non_persistent_buffer", torch.randn(5, 5), persistent=False)
+        if inner_fsdp:
+            self.inner = fsdp(
+                self.inner,
+                device,
+                ignored_modules=[self.inner] if ignore_inner else [],
+                mixed_precision=HALF if mixed_precision else None,
+                process_group=group,
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(self.inner(x) + self.inner(x))
+
+
+class SharedModuleAndParameter(nn.Module):
+    """``net3`` is ``net2``; ``shared_parameter`` is ``random_parameter``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.net1 = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.net2 = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.net3 = self.net2
+        self.random_parameter = nn.Parameter(torch.randn(10))
+        self.shared_parameter = self.random_parameter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net3(self.net2(self.net1(x)))
+
+
+class WithSkippedModule(nn.Module):
+    """A linear layer, a nested FSDP-wrapped sequence, and ``linear_skip`` left out of FSDP."""
+
+    def __init__(self, device: torch.device, wrap: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.linear = nn.Linear(10, 10, bias=False)
+        inner = nn.Sequential(nn.Linear(10, 10, bias=False), nn.Linear(10, 10, bias=False))
+        self.nested_linear = fsdp(inner, device) if wrap else inner
+        self.linear_skip = nn.Linear(10, 10, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_skip(self.nested_linear(self.linear(x)))
+
+
+def with_skipped_module(device: torch.device) -> nn.Module:
+    """FSDP over ``WithSkippedModule`` with ``linear_skip`` detached while wrapping."""
+    module = WithSkippedModule(device)
+    skipped = module.linear_skip
+    del module.linear_skip
+    wrapped = fsdp(module, device)
+    module.linear_skip = skipped
+    return wrapped
