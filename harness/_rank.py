@@ -24,6 +24,7 @@ from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 from harness._outcome import describe_exception
+from harness._preload import import_preloads
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
@@ -172,6 +173,7 @@ def main() -> None:
     init: msg.Init = conn.recv()
     sys.path[:] = init.sys_path
     try:
+        import_preloads()
         _join_world(init)
         loop = RankLoop(conn, init)
     except BaseException:

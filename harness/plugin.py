@@ -24,6 +24,7 @@ from harness import _messages as msg
 from harness._options import WorldOptions, add_options
 from harness._outcome import WorldOutcome, describe_exception
 from harness._pool import WorldPool
+from harness._preload import import_preloads
 from harness._spec import WorldSpec
 from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
 from harness._world import TestRequest, WorldSettings, WorldStartError
@@ -75,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = WorldOptions.from_config(config)
     session = _Session(options)
     if launched_by_torchrun():
+        import_preloads()  # spawned ranks import them at start-up
         session.torchrun = TorchrunWorld(options.backend)
         if not session.torchrun.is_reporter:
             # Rank 0 alone prints and writes the junit XML.
