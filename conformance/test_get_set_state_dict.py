@@ -173,3 +173,22 @@ def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options)
     )
     assert_trees_identical(given_model, model_state)
     assert_trees_identical(given_optim, optim_state)
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, name):
+    """A key the model lacks: strict loading raises, in torch and in the oracle, naming it;
+    non-strict loading reports it among the unexpected keys, the same in both."""
+    model, _ = build(PARALLELISMS[name], world)
+    state = {**ri.get_model_state_dict(model), "fc3.weight": torch.zeros(1)}
+    reported = []
+    for load, options in (
+        (upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")),
+        (ri.set_model_state_dict, ri.StateDictOptions),
+    ):
+        with pytest.raises(RuntimeError, match=r"fc3\.weight"):
+            load(model, copy.copy(state), options=options(strict=True))
+        keys = load(model, copy.copy(state), options=options(strict=False))
+        reported.append((sorted(keys.missing_keys), sorted(keys.unexpected_keys)))
+    assert reported[0] == reported[1] == ([], ["fc3.weight"])

@@ -8,6 +8,7 @@ captured output; the other ranks' errors carry it as a note.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -176,6 +177,19 @@ def test_similarity_check_matches_the_oracle(world):
     spmd_property(world.device, similar_pairs(meshes), check)
 
 
+@pytest.mark.world(1, 2)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64], ids=["float16", "int64"])
+def test_similarity_check_sees_a_dtype_change_alone(world, dtype):
+    """Same keys and shapes, one dtype changed: not similar, for torch and the oracle."""
+    similar = upstream(STATE_DICT_UTILS, "_check_state_dict_similarity")
+    first = {"a": {"w": torch.ones(2, 3)}, "b": [torch.zeros(4)]}
+    second = {"a": {"w": torch.ones(2, 3, dtype=dtype)}, "b": [torch.zeros(4)]}
+    assert similar(first, copy.deepcopy(first))
+    assert ri.check_state_dict_similarity(first, first)
+    assert not similar(first, second)
+    assert not ri.check_state_dict_similarity(first, second)
+
+
 @pytest.mark.world(1)
 def test_similarity_check_leaves_the_compared_state_dict_unchanged(world):
     similar = upstream(STATE_DICT_UTILS, "_check_state_dict_similarity")
@@ -289,7 +303,7 @@ def test_distribute_state_dict_matches_the_oracle(world):
 # ----- bad input ---------------------------------------------------------------
 
 
-@pytest.mark.world(1)
+@pytest.mark.world(1, 2)
 def test_mismatched_companion_is_refused_by_both(world):
     copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
     source = {"a": {"b": torch.ones(2)}, "c": [torch.ones(1)]}
@@ -303,7 +317,7 @@ def test_mismatched_companion_is_refused_by_both(world):
             ri.copy_state_dict(source, companion)
 
 
-@pytest.mark.world(1)
+@pytest.mark.world(1, 2)
 def test_wrong_companion_shape_is_refused_by_both(world):
     copy = upstream(STATE_DICT_UTILS, "_copy_state_dict")
     source, companion = {"a": [torch.ones(2, 3)]}, {"a": [torch.zeros(3, 3)]}
@@ -313,7 +327,7 @@ def test_wrong_companion_shape_is_refused_by_both(world):
         ri.copy_state_dict(source, companion)
 
 
-@pytest.mark.world(1)
+@pytest.mark.world(1, 2)
 def test_wrong_companion_dtype_is_refused_by_the_oracle_and_never_garbled_by_torch(world):
     """Torch's copy may convert silently (``Tensor.copy_`` casts); the oracle refuses.
 
@@ -336,7 +350,7 @@ def test_wrong_companion_dtype_is_refused_by_the_oracle_and_never_garbled_by_tor
         ri.copy_state_dict(source, companion)
 
 
-@pytest.mark.world(1)
+@pytest.mark.world(1, 2)
 def test_unsupported_leaf_with_type_check_is_refused_by_both(world):
     gather = upstream(STATE_DICT_UTILS, "_gather_state_dict")
     source = {"opt": {"state": [object()]}}

@@ -154,7 +154,7 @@ def _agree_on(problems: list[str], present: list[str], group: dist.ProcessGroup 
         if differing:
             report.append(f"rank {rank}: holds other keys than rank {ranks[0]}: {differing}")
     if report:
-        raise ValueError("cannot load the FSDP1 state dict: " + "; ".join(report))
+        raise RuntimeError("cannot load the FSDP1 state dict: " + "; ".join(report))
 
 
 def _load_entry(parts: Fsdp1Model, entry: Entry, value: Any) -> None:
