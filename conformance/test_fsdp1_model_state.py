@@ -258,7 +258,8 @@ def test_the_oracle_names_a_missing_parameter(world):
 def test_the_oracle_names_a_parameter_of_the_wrong_shape(world):
     saved, fresh = _full_and_fresh(world)
     saved["fc1.weight"] = saved["fc1.weight"][:, :6]
-    with pytest.raises(RuntimeError, match=r"fc1.weight: shape \(10, 6\), the model's is \(10, 7\)"):
+    wrong_shape = r"fc1.weight: shape \(10, 6\), the model's is \(10, 7\)"
+    with pytest.raises(RuntimeError, match=wrong_shape):
         ri.fsdp_load_state_dict(fresh, saved)
 
 
@@ -277,7 +278,8 @@ def test_the_oracle_refuses_state_present_on_some_ranks_only(world):
     fresh = _wrapped(world, "fsdp1_full_shard_flat", steps=0)
     if world.rank != 0:
         del saved["fc1.weight"]
-    with pytest.raises(RuntimeError, match=r"rank 1: holds other keys than rank 0: \['fc1.weight'\]"):
+    other_keys = r"rank 1: holds other keys than rank 0: \['fc1.weight'\]"
+    with pytest.raises(RuntimeError, match=other_keys):
         ri.fsdp_load_state_dict(fresh, saved, StateDictType.SHARDED_STATE_DICT, strict=False)
 
 

@@ -1,0 +1,114 @@
+"""The mutation catalogue and runner: every mutant applies and misbehaves as named, and
+``python -m ci.mutation`` reports a kill by the test that saw it and a survivor as such."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ci._target import SUITE_ROOT
+from ci.mutants import UPSTREAM_MODULES, catalogue
+
+
+def _python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter (mutants patch torch for good); its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=SUITE_ROOT, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_catalogue_has_forty_mutants_covering_every_modelled_module():
+    mutants = catalogue()
+    assert len(mutants) >= 40
+    assert {mutant.upstream for mutant in mutants.values()} == set(UPSTREAM_MODULES)
+    assert all(mutant.tests for mutant in mutants.values())
+
+
+def test_every_mutant_replaces_its_target_in_its_module():
+    replaced = json.loads(
+        _python("""
+            import json
+            from ci.mutants import apply, catalogue
+            print(json.dumps({name: apply(m) for name, m in catalogue().items()}))
+        """)
+    )
+    for name, mutant in catalogue().items():
+        assert mutant.upstream in replaced[name], name
+        if not mutant.everywhere:
+            assert replaced[name] == [mutant.upstream]
+
+
+def test_local_mutants_misbehave_as_named():
+    """The mutants of single-process utilities, called directly: each bug is really there."""
+    _python("""
+        import torch
+        from torch.distributed import _state_dict_utils as utils
+        from ci.mutants import apply, catalogue
+
+        mutants = catalogue()
+        flat, _ = utils._flatten_state_dict({"a": {"b": torch.ones(1)}})
+        assert list(flat) == ["a.b"]
+        apply(mutants["flatten_joins_keys_with_slashes"])
+        flat, mapping = utils._flatten_state_dict({"a": {"b": torch.ones(1)}})
+        assert list(flat) == ["a/b"], flat
+
+        source = {"w": torch.ones(2)}
+        apply(mutants["copy_returns_the_sources_tensors"])
+        companion = {"w": torch.zeros(2)}
+        assert utils._copy_state_dict(source, companion)["w"] is source["w"]
+
+        apply(mutants["similarity_ignores_dtypes"])
+        assert utils._check_state_dict_similarity({"w": torch.ones(2)}, {"w": torch.ones(2).half()})
+
+        apply(mutants["cpu_state_dict_aliases_cpu_tensors"])
+        assert utils._create_cpu_state_dict(source)["w"] is source["w"]
+
+        apply(mutants["unflatten_turns_lists_into_dicts"])
+        restored = utils._unflatten_state_dict({"l.0": 1}, {"l.0": ("l", 0)})
+        assert restored == {"l": {"0": 1}}, restored
+    """)
+
+
+def _mutation_run(tmp_path: Path, mutant: str, test: str) -> dict[str, object]:
+    out = tmp_path / mutant
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "ci.mutation", f"--mutants={mutant}", f"--tests={test}",
+            "--world-sizes=2", "--world-timeout=60", f"--out={out}",
+        ],
+        cwd=SUITE_ROOT, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    (outcome,) = json.loads((out / "mutation.json").read_text())
+    outcome["returncode"] = done.returncode
+    outcome["markdown"] = (out / "mutation.md").read_text()
+    return outcome
+
+
+UTILS = "conformance/test_state_dict_utils.py"
+FLATTEN_TEST = f"{UTILS}::test_flatten_and_unflatten_match_the_oracle"
+COPY_TEST = f"{UTILS}::test_copy_matches_the_oracle_and_returns_the_companions_tensors"
+
+
+@pytest.mark.timeout(900)
+def test_a_mutant_is_killed_by_the_test_that_sees_it(tmp_path):
+    outcome = _mutation_run(tmp_path, "flatten_joins_keys_with_slashes", FLATTEN_TEST)
+    assert outcome["status"] == "killed", outcome
+    assert outcome["killed_by"] == FLATTEN_TEST + "[w2]"
+    assert outcome["returncode"] == 0  # 1 of 1 killed reaches the target
+    assert "**Kill rate: 1 of 1 non-equivalent mutants (100.0%).**" in str(outcome["markdown"])
+
+
+@pytest.mark.timeout(900)
+def test_a_mutant_no_test_sees_survives_and_misses_the_target(tmp_path):
+    outcome = _mutation_run(tmp_path, "flatten_joins_keys_with_slashes", COPY_TEST)
+    assert outcome["status"] == "survived", outcome
+    assert outcome["killed_by"] is None
+    assert outcome["returncode"] == 1
