@@ -57,6 +57,18 @@ class Mutant:
             raise ValueError(f"mutant name {self.name!r} must be an identifier")
 
 
+def mutant_maker(upstream: str, *default_tests: str) -> Callable[..., Mutant]:
+    """The constructor of ``upstream``'s mutants: ``make(name, target, bug, mutate, *tests,
+    **options)``; a mutant's own ``tests`` run before the module's ``default_tests``."""
+
+    def make(
+        name: str, target: str, bug: str, mutate: Mutate, *tests: str, **options: Any
+    ) -> Mutant:
+        return Mutant(name, upstream, target, bug, mutate, (*tests, *default_tests), **options)
+
+    return make
+
+
 def apply(mutant: Mutant) -> list[str]:
     """Install ``mutant``; return the modules whose attribute was replaced."""
     for name in (*UPSTREAM_MODULES, "torch.distributed.fsdp"):

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import _IncompatibleKeys
 
-from ci.mutants import CHECKPOINT_STATE_DICT, Mutant
+from ci.mutants import CHECKPOINT_STATE_DICT, mutant_maker
 
 Fn = Callable[..., Any]
 GET_SET = "conformance/test_get_set_state_dict.py"
@@ -172,17 +172,7 @@ def _strict_ignores_unexpected(original: Fn) -> Fn:
     return load
 
 
-def _mutant(name: str, target: str, bug: str, mutate: Fn, *tests: str, **kw: Any) -> Mutant:
-    return Mutant(
-        name,
-        CHECKPOINT_STATE_DICT,
-        target,
-        bug,
-        mutate,
-        (*tests, GET_SET, MODELS, FULL, FAILURES),
-        **kw,
-    )
-
+_mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
     _mutant(

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ci.mutants import FSDP_OPTIM_UTILS, Mutant
+from ci.mutants import FSDP_OPTIM_UTILS, mutant_maker
 from ci.mutants._trees import map_leaves, rows_shifted
 
 Fn = Callable[..., Any]
@@ -86,10 +86,7 @@ def _keys_to_params_reversed(original: Fn) -> Fn:
     return mapping
 
 
-def _mutant(name: str, target: str, bug: str, mutate: Fn, *tests: str, **kw: Any) -> Mutant:
-    defaults = (OPTIM, CORNERS, LEGACY, RESHARD)
-    return Mutant(name, FSDP_OPTIM_UTILS, target, bug, mutate, (*tests, *defaults), **kw)
-
+_mutant = mutant_maker(FSDP_OPTIM_UTILS, OPTIM, CORNERS, LEGACY, RESHARD)
 
 MUTANTS = [
     _mutant(

@@ -9,7 +9,7 @@ import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
-from ci.mutants import FSDP_STATE_DICT_UTILS, Mutant
+from ci.mutants import FSDP_STATE_DICT_UTILS, mutant_maker
 from ci.mutants._trees import rows_shifted
 
 Fn = Callable[..., Any]
@@ -81,10 +81,7 @@ def _rank0_only_ignored(original: Fn) -> Fn:
     return pre
 
 
-def _mutant(name: str, target: str, bug: str, mutate: Fn, *tests: str, **kw: Any) -> Mutant:
-    defaults = (MODEL_STATE, UPSTREAM_CASES, RESHARD)
-    return Mutant(name, FSDP_STATE_DICT_UTILS, target, bug, mutate, (*tests, *defaults), **kw)
-
+_mutant = mutant_maker(FSDP_STATE_DICT_UTILS, MODEL_STATE, UPSTREAM_CASES, RESHARD)
 
 MUTANTS = [
     _mutant(

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ci.mutants import STATE_DICT_UTILS, Mutant
+from ci.mutants import STATE_DICT_UTILS, mutant_maker
 from ci.mutants._trees import get_path, map_leaves, rows_shifted, set_path, tensor_paths
 
 Fn = Callable[..., Any]
@@ -164,11 +164,7 @@ def _unflatten_turns_lists_into_dicts(original: Fn) -> Fn:
     return unflatten
 
 
-def _mutant(name: str, target: str, bug: str, mutate: Any, *tests: str, **kw: Any) -> Mutant:
-    return Mutant(
-        name, STATE_DICT_UTILS, target, bug, mutate, (*tests, UPSTREAM_CASES, UTILS), **kw
-    )
-
+_mutant = mutant_maker(STATE_DICT_UTILS, UPSTREAM_CASES, UTILS)
 
 MUTANTS = [
     _mutant(
