@@ -7,6 +7,7 @@ XML; the first failing or erroring test case is the one that killed it.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -85,8 +86,23 @@ def failures(junit: Path) -> list[tuple[str, str]]:
             problem = case.find("error")
         if problem is not None:
             message = (problem.get("message") or problem.text or "").strip().splitlines()
-            found.append((node_id(case), message[0][:300] if message else ""))
+            summary = message[0][:300] if message else ""
+            if raised_in_a_mutant(problem.text or ""):
+                summary = f"{MUTANT_CRASHED}: {summary}"
+            found.append((node_id(case), summary))
     return found
+
+
+MUTANT_CRASHED = "the mutant's own code raised"
+# The last frame of a pytest traceback, where the exception was raised, in a mutant module:
+# "ci/mutants/_trees.py:38: TypeError" (the frames above it read "path:line: in function").
+_RAISED_IN_MUTANT = re.compile(r"^\S*ci/mutants/\w+\.py:\d+: \w+$", re.MULTILINE)
+
+
+def raised_in_a_mutant(traceback_text: str) -> bool:
+    """True when a failure was raised by a mutant's own code: a broken mutant, not a test
+    that saw the bug (tests assert in their own code; torch raises in torch's)."""
+    return bool(_RAISED_IN_MUTANT.search(traceback_text))
 
 
 def node_id(case: ElementTree.Element) -> str:

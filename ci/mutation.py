@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ci import _mutation_report as report
-from ci._mutation_run import RunResult, RunSettings, run_tests
+from ci._mutation_run import MUTANT_CRASHED, RunResult, RunSettings, run_tests
 from ci.mutants import Mutant, catalogue
 
 
@@ -52,7 +52,9 @@ def chosen(names: str) -> list[Mutant]:
 def outcome_of(mutant: Mutant, result: RunResult) -> report.MutantOutcome:
     outcome = report.MutantOutcome(mutant.name, mutant.upstream, mutant.bug, report.SURVIVED)
     outcome.seconds = result.seconds
-    if result.failed is not None:
+    if result.failed is not None and result.failed[1].startswith(MUTANT_CRASHED):
+        outcome.status, outcome.detail = report.ERROR, f"{result.failed[0]}: {result.failed[1]}"
+    elif result.failed is not None:
         outcome.status, (outcome.killed_by, outcome.detail) = report.KILLED, result.failed
     elif result.returncode is None:
         outcome.status, outcome.detail = (

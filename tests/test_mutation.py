@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ci._mutation_run import raised_in_a_mutant
 from ci._target import SUITE_ROOT
 from ci.mutants import UPSTREAM_MODULES, catalogue
 
@@ -112,3 +113,15 @@ def test_a_mutant_no_test_sees_survives_and_misses_the_target(tmp_path):
     assert outcome["status"] == "survived", outcome
     assert outcome["killed_by"] is None
     assert outcome["returncode"] == 1
+
+
+def test_an_exception_raised_in_a_mutants_own_code_is_no_kill():
+    """Only the frame that raised counts: a test assertion, or torch raising after a mutant
+    frame called it, is a kill; an exception raised inside ``ci/mutants`` is the mutant's bug."""
+    broken = (
+        "ci/mutants/state_dict_utils.py:58: in offload\n...\nci/mutants/_trees.py:38: TypeError"
+    )
+    seen = "ci/mutants/fsdp_state_dict_utils.py:31: in replace\n...\ntorch/x.py:9: AssertionError"
+    assert raised_in_a_mutant(broken)
+    assert not raised_in_a_mutant(seen)
+    assert not raised_in_a_mutant("conformance/test_x.py:12: AssertionError")

@@ -32,10 +32,16 @@ def get_path(tree: Any, path: tuple[Any, ...]) -> Any:
     return tree
 
 
-def set_path(tree: Any, path: tuple[Any, ...], value: Any) -> None:
-    """Replace the leaf at ``path`` (its container must be a dict or a list)."""
-    parent = get_path(tree, path[:-1])
-    parent[path[-1]] = value
+def with_leaf(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """``tree`` with the leaf at ``path`` replaced; tuples on the way are rebuilt."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(tree, dict):
+        return {**tree, head: with_leaf(tree[head], rest, value)}
+    items = list(tree)
+    items[head] = with_leaf(items[head], rest, value)
+    return type(tree)(items)
 
 
 def rows_shifted(tensor: torch.Tensor) -> torch.Tensor:

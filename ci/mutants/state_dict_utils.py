@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ci.mutants import STATE_DICT_UTILS, mutant_maker
-from ci.mutants._trees import get_path, map_leaves, rows_shifted, set_path, tensor_paths
+from ci.mutants._trees import get_path, map_leaves, rows_shifted, tensor_paths, with_leaf
 
 Fn = Callable[..., Any]
 UTILS = "conformance/test_state_dict_utils.py"
@@ -55,7 +55,7 @@ def _offload_leaves_the_first_tensor(original: Fn) -> Fn:
         result = original(state_dict, **kwargs)
         paths = tensor_paths(result)
         if paths:
-            set_path(result, paths[0], get_path(state_dict, paths[0]))
+            result = with_leaf(result, paths[0], get_path(state_dict, paths[0]))
         return result
 
     return offload
@@ -91,7 +91,7 @@ def _cpu_state_dict_reuses_cpu_tensors(original: Fn) -> Fn:
         for path in tensor_paths(result):
             source = get_path(state_dict, path)
             if type(source) is torch.Tensor and source.device.type == "cpu":
-                set_path(result, path, source)
+                result = with_leaf(result, path, source)
         return result
 
     return create
@@ -202,6 +202,11 @@ MUTANTS = [
         "_offload_state_dict_to_cpu",
         "the first tensor is left where it was instead of copied to the CPU",
         _offload_leaves_the_first_tensor,
+        equivalent=(
+            "on CPU worlds every tensor is already on the CPU, and torch's offload returns such "
+            "a tensor as it is (the same object), so leaving one in place changes nothing; "
+            "observable under NCCL only"
+        ),
     ),
     _mutant(
         "copy_returns_the_sources_tensors",
