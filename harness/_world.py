@@ -227,9 +227,10 @@ class World:
                 if isinstance(conn, Connection):
                     reply = conn.recv()
                     if isinstance(reply, msg.InitFailed):
-                        raise WorldStartError(
-                            self._start_failure(f"rank {reply.rank} failed to join the world")
-                        )
+                        # The traceback comes with the message: the rank's log may not
+                        # hold it yet when the controller reads it.
+                        failed = f"rank {reply.rank} failed to join the world:\n{reply.traceback}"
+                        raise WorldStartError(self._start_failure(failed.rstrip()))
                     del pending[conn]
 
     def _raise_if_a_rank_exited(self) -> None:
