@@ -49,6 +49,19 @@ def under_optim_settings(model: Any, kind: str, call: Callable[[], Any]) -> Any:
 
 def state_names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
     """Each parameter's state in name order. FSDP1 orders a flat parameter's by iterating a
-    set and NO_SHARD's as the optimizer holds it: the order is not part of the contract."""
+    set and NO_SHARD's as the optimizer holds it: the order is not part of the contract.
+    A dict without ``state`` (``{}`` off rank 0 under ``rank0_only``) is returned as it is."""
+    if "state" not in optim_state_dict:
+        return optim_state_dict
     state = {key: dict(sorted(entry.items())) for key, entry in optim_state_dict["state"].items()}
     return {**optim_state_dict, "state": state}
+
+
+def keys_and_names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_names_sorted`` with the parameters' entries in key order too: what an
+    optimizer loads is matched to its parameters by key, so their order carries nothing."""
+    named = state_names_sorted(optim_state_dict)
+    if "state" not in named:
+        return named
+    by_key = sorted(named["state"].items(), key=lambda item: (type(item[0]).__name__, item[0]))
+    return {**named, "state": dict(by_key)}

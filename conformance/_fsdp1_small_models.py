@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -93,14 +94,14 @@ def multi_buffer(
     return fsdp(sequence, device, **kwargs)
 
 
-def apply_checkpointing_to_linears(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing around every linear layer, after wrapping."""
+def apply_checkpointing(model: nn.Module, around: type[nn.Module] = nn.Linear) -> None:
+    """Non-reentrant activation checkpointing around every ``around`` module, after wrapping."""
     apply_activation_checkpointing(
         model,
         checkpoint_wrapper_fn=lambda module: checkpoint_wrapper(
             module, checkpoint_impl=CheckpointImpl.NO_REENTRANT
         ),
-        check_fn=lambda module: isinstance(module, nn.Linear),
+        check_fn=lambda module: isinstance(module, around),
     )
 
 
@@ -180,3 +181,131 @@ def with_skipped_module(device: torch.device) -> nn.Module:
     wrapped = fsdp(module, device)
     module.linear_skip = skipped
     return wrapped
+
+
+class Shift(nn.Module):
+    """Adds a learned vector: a module of one parameter, for wrapping on its own."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+class ShiftedBlock(nn.Module):
+    """``relu(x @ weight + shift0) + shift1``: the two shifts get different gradients."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(in_dim, out_dim))
+        self.shift0 = Shift(out_dim)
+        self.shift1 = Shift(out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shift1(torch.relu(self.shift0(x @ self.weight)))
+
+
+class Blocks(nn.Module):
+    """Upstream's nested optimizer-state model, our way: five blocks and a root ``bias``.
+
+    Parameter sizes (15, 21, 63, 81, 45 and the shifts) rarely divide by 2 or 4.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.block0 = ShiftedBlock(5, 3)
+        self.block1 = ShiftedBlock(3, 7)
+        self.bias = nn.Parameter(torch.randn(5))
+        self.block2 = nn.Sequential(ShiftedBlock(7, 9), ShiftedBlock(9, 9), ShiftedBlock(9, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in (self.block0, self.block1, self.block2):
+            x = torch.relu(block(x))
+        return x + self.bias
+
+    def two_param_groups(self) -> list[dict[str, Any]]:
+        """Groups out of ``parameters()`` order that leave the root ``bias`` out."""
+        return [
+            {"params": list(self.block1.parameters())},
+            {
+                "params": list(self.block2.parameters()) + list(self.block0.parameters()),
+                "weight_decay": 0.9,
+            },
+        ]
+
+
+def seeded_batch(width: int) -> Callable[[int], torch.Tensor]:
+    """Each step's batch of eight ``width``-feature inputs, the same on every rank."""
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(8, width, generator=torch.Generator().manual_seed(SEED + step))
+
+    return batch
+
+
+class FirstUnused(nn.Module):
+    """Two linear layers of which only the second computes: the first gets no optimizer state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.lin1 = nn.Linear(5, 5)
+        self.lin2 = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin2(x))
+
+
+def first_unused(device: torch.device) -> nn.Module:
+    """``FirstUnused`` with each linear wrapped, then the whole."""
+    model = FirstUnused()
+    model.lin1 = fsdp(model.lin1, device)
+    model.lin2 = fsdp(model.lin2, device)
+    return fsdp(model, device)
+
+
+def four_linears() -> nn.Sequential:
+    """Upstream's dummy model (8 → 16 → 32 → 64 → 8), whose first layer may be frozen."""
+    torch.manual_seed(SEED)
+    return nn.Sequential(
+        nn.Linear(8, 16),
+        nn.ReLU(),
+        nn.Linear(16, 32),
+        nn.ReLU(),
+        nn.Linear(32, 64),
+        nn.Linear(64, 8),
+    )
+
+
+def wrap_blocks(
+    blocks: Blocks,
+    device: torch.device,
+    *,
+    alternative: bool = False,
+    ignore_a_shift: bool = False,
+    **kwargs: Any,
+) -> Blocks:
+    """Wrap some of ``blocks`` in FSDP1, leaving the root unwrapped.
+
+    The usual wrapping nests shifts inside ``block1`` and ``block2[1]`` and
+    wraps ``block2[2]`` whole (ignoring its ``shift0`` when
+    ``ignore_a_shift``); the ``alternative`` wraps ``block0`` and its
+    ``shift0`` only, so the same parameters land in other flat parameters.
+    """
+    if alternative:
+        blocks.block0.shift0 = fsdp(blocks.block0.shift0, device, **kwargs)
+        blocks.block0 = fsdp(blocks.block0, device, **kwargs)
+        return blocks
+    blocks.block1.shift0 = fsdp(blocks.block1.shift0, device, **kwargs)
+    blocks.block1 = fsdp(blocks.block1, device, **kwargs)
+    middle = blocks.block2[1]
+    middle.shift0 = fsdp(middle.shift0, device, **kwargs)
+    middle.shift1 = fsdp(middle.shift1, device, **kwargs)
+    blocks.block2[1] = fsdp(middle, device, **kwargs)
+    last = blocks.block2[2]
+    ignored = [last.shift0] if ignore_a_shift else []
+    blocks.block2[2] = fsdp(last, device, ignored_modules=ignored, **kwargs)
+    return blocks

@@ -36,6 +36,11 @@ def _adam(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=LR)
 
 
+def _stateless_sgd(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
+    """SGD without momentum holds no tensor state: only what the user puts there."""
+    return torch.optim.SGD(model.parameters(), lr=LR)
+
+
 def _adam_reversed_on_odd_ranks(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
     """Parameter IDs then name different parameters on different ranks."""
     params = list(model.parameters())
@@ -79,6 +84,7 @@ CASES: dict[str, tuple[Build, Callable[[Any, torch.optim.Optimizer], None], bool
     "reversed_order_on_odd_ranks": (_adam_reversed_on_odd_ranks, _two_steps, False),
     "user_values_in_state": (_adam, _two_steps_then_user_values, False),
     "named_optimizer": (_named_adam, _two_steps_clearing_grads_by_the_model, True),
+    "user_values_in_stateless_sgd": (_stateless_sgd, _two_steps_then_user_values, False),
 }
 
 

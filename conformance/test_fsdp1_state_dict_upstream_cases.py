@@ -178,7 +178,7 @@ def test_state_dict_with_activation_checkpoint(world, kind, checkpoint, model):
     def make(side: str) -> nn.Module:
         built = build(world.device, checkpoint=checkpoint in (side, "both"))
         if checkpoint in (f"{side}_after_wrap", "both_after_wrap"):
-            small.apply_checkpointing_to_linears(built)
+            small.apply_checkpointing(built)
         return built
 
     source = make("source")
