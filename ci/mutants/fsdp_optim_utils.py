@@ -15,6 +15,7 @@ OPTIM = "conformance/test_fsdp1_optim_state.py"
 LEGACY = "conformance/test_fsdp1_legacy_optim_apis.py"
 CORNERS = "conformance/test_fsdp1_optim_corner_cases.py"
 RESHARD = "conformance/test_fsdp1_reshard_loads.py"
+UPSTREAM_CASES = "conformance/test_fsdp1_optim_upstream_cases.py"
 
 
 def _shift(value: Any) -> Any:
@@ -86,7 +87,7 @@ def _keys_to_params_reversed(original: Fn) -> Fn:
     return mapping
 
 
-_mutant = mutant_maker(FSDP_OPTIM_UTILS, OPTIM, CORNERS, LEGACY, RESHARD)
+_mutant = mutant_maker(FSDP_OPTIM_UTILS, OPTIM, CORNERS, LEGACY, RESHARD, UPSTREAM_CASES)
 
 MUTANTS = [
     _mutant(
