@@ -1,4 +1,5 @@
-"""What the FSDP1 tests share: the cells, the optimizer state-dict settings, name order."""
+"""What the FSDP1 tests share: the cells, the optimizer state-dict settings, name order,
+the deprecated legacy APIs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+import torch
 from torch.distributed.fsdp import (
     FullOptimStateDictConfig,
     FullStateDictConfig,
@@ -65,3 +68,17 @@ def keys_and_names_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
         return named
     by_key = sorted(named["state"].items(), key=lambda item: (type(item[0]).__name__, item[0]))
     return {**named, "state": dict(by_key)}
+
+
+def legacy_api(name: str) -> Callable[..., Any]:
+    """``FSDP.<name>`` with its deprecation warning silenced, or a skip naming what is missing."""
+    function = getattr(FullyShardedDataParallel, name, None)
+    if function is None:
+        pytest.skip(f"torch {torch.__version__} has no FullyShardedDataParallel.{name}")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return function(*args, **kwargs)
+
+    return call

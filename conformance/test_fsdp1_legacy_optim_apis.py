@@ -11,36 +11,20 @@ instance; an API missing from the build is a skip that names it.
 from __future__ import annotations
 
 import copy
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+from torch.distributed.fsdp import OptimStateKeyType
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted
+from conformance._fsdp1 import FSDP1_CELLS, legacy_api, state_names_sorted
 from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS
 
 STEPS = 2
-
-
-def legacy_api(name: str) -> Callable[..., Any]:
-    """``FSDP.<name>`` with its deprecation warning silenced, or a skip naming what is missing."""
-    function = getattr(FullyShardedDataParallel, name, None)
-    if function is None:
-        pytest.skip(f"torch {torch.__version__} has no FullyShardedDataParallel.{name}")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return function(*args, **kwargs)
-
-    return call
 
 
 def _trained(world: Any, name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

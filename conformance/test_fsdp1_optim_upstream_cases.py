@@ -30,7 +30,12 @@ from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType, 
 import reference_impl as ri
 from conformance import _fsdp1_small_models as small
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._fsdp1 import keys_and_names_sorted, state_names_sorted, under_optim_settings
+from conformance._fsdp1 import (
+    keys_and_names_sorted,
+    legacy_api,
+    state_names_sorted,
+    under_optim_settings,
+)
 from conformance._models import train
 from conformance._subworld import SubWorld
 
@@ -231,20 +236,6 @@ def test_a_rank_without_state_that_rank_0_has_fails_on_every_rank(world):
     dist.barrier()  # every rank got here: none is left in a collective
 
 
-def _legacy(name: str) -> Callable[..., Any]:
-    """``FSDP.<name>`` with its deprecation warning silenced, or a skip naming what is missing."""
-    function = getattr(FSDP, name, None)
-    if function is None:
-        pytest.skip(f"torch {torch.__version__} has no FullyShardedDataParallel.{name}")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return function(*args, **kwargs)
-
-    return call
-
-
 # The legacy pair that saves and converts back each kind: FSDP1's defaults offload a full save.
 LEGACY_PAIRS = {
     "full": ("full_optim_state_dict", {"rank0_only": False}, "shard_full_optim_state_dict"),
@@ -262,7 +253,7 @@ def test_loading_into_a_model_with_an_unmanaged_parameter(world, kind, where):
     save, save_kwargs, convert = LEGACY_PAIRS[kind]
     model, optimizer = _blocks_and_adam(world)
     _train(model, optimizer, 1)
-    saved = _legacy(save)(model, optimizer, **save_kwargs)
+    saved = legacy_api(save)(model, optimizer, **save_kwargs)
     loader = small.Blocks()
     owner = loader.block2[2] if where == "inside_a_flat_parameter" else loader
     owner.register_parameter("unmanaged", nn.Parameter(torch.randn(5, 5)))
@@ -270,7 +261,7 @@ def test_loading_into_a_model_with_an_unmanaged_parameter(world, kind, where):
     loader_optimizer = torch.optim.Adam(loader.parameters(), lr=LR)
 
     def by_torch() -> Any:
-        return _legacy(convert)(copy.deepcopy(saved), loader, optim=loader_optimizer)
+        return legacy_api(convert)(copy.deepcopy(saved), loader, optim=loader_optimizer)
 
     def by_oracle() -> Any:
         return ri.fsdp_optim_state_dict_to_load(loader, loader_optimizer, copy.deepcopy(saved))
@@ -299,13 +290,13 @@ def test_a_first_parameter_without_state_saves_and_loads(world, kind):
     model = small.first_unused(world.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     _train(model, optimizer, 1)
-    saved = _legacy(save)(model, optimizer, **save_kwargs)
+    saved = legacy_api(save)(model, optimizer, **save_kwargs)
     ours = ri.fsdp_optim_state_dict(
         model, optimizer, cpu_offload=True, shard_state=kind == "sharded", use_dtensor=False
     )
     assert_trees_identical(saved, ours)
     assert not [fqn for fqn in ours["state"] if fqn.startswith("lin1.")]
-    theirs_to_load = _legacy(convert)(copy.deepcopy(saved), model, optim=optimizer)
+    theirs_to_load = legacy_api(convert)(copy.deepcopy(saved), model, optim=optimizer)
     ours_to_load = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(saved))
     assert_trees_identical(
         keys_and_names_sorted(theirs_to_load), keys_and_names_sorted(ours_to_load)
