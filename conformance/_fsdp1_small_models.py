@@ -94,6 +94,31 @@ def multi_buffer(
     return fsdp(sequence, device, **kwargs)
 
 
+class Offset(nn.Module):
+    """A linear layer that adds a persistent buffer, in the input's dtype, to its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(10, 10, bias=False)
+        self.register_buffer("offset", torch.arange(10, dtype=torch.float32) / 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.offset.to(x.dtype)
+
+
+BUFFER_HALF = MixedPrecision(buffer_dtype=torch.float16)
+
+
+def buffer_casting_units(device: torch.device, casting: str) -> nn.Module:
+    """``FSDP(Sequential(FSDP(Offset), Offset))`` whose buffers mixed precision casts to
+    float16 in the units ``casting`` names: ``"root"``, ``"child"`` or ``"both"``."""
+    torch.manual_seed(SEED)
+    child = BUFFER_HALF if casting in ("child", "both") else None
+    root = BUFFER_HALF if casting in ("root", "both") else None
+    sequence = nn.Sequential(fsdp(Offset(), device, mixed_precision=child), Offset())
+    return fsdp(sequence, device, mixed_precision=root)
+
+
 def apply_checkpointing(model: nn.Module, around: type[nn.Module] = nn.Linear) -> None:
     """Non-reentrant activation checkpointing around every ``around`` module, after wrapping."""
     apply_activation_checkpointing(

@@ -298,6 +298,31 @@ def test_buffers_save_and_load(world, kind, mixed_precision, offload_params, use
 
 
 @pytest.mark.world(2)
+@pytest.mark.parametrize("casting", ["root", "child", "both"])
+@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+def test_buffers_cast_by_some_units_save_in_their_own_dtype(world, kind, casting):
+    """Whichever units' mixed precision casts a buffer, it is saved in float32 (but LOCAL, as
+    it is) and loads back; the oracle must follow the unit that owns the buffer."""
+    source = small.buffer_casting_units(world.device, casting)
+    source(torch.randn(3, 10, device=world.device)).sum().backward()
+    half = {key for key, value in _values(source).items() if value.dtype == torch.float16}
+    assert (
+        half
+        == {
+            "root": {"1.offset"},  # the child unit casts its own buffer, by its own policy
+            "child": {"0.offset"},
+            "both": {"0.offset", "1.offset"},
+        }[casting]
+    )
+    saved = _saved(source, kind, world.device)
+    if kind != "local":
+        assert {value.dtype for value in saved.values()} <= {torch.float32}
+    _assert_loads_back(
+        lambda: small.buffer_casting_units(world.device, casting), source, saved, kind
+    )
+
+
+@pytest.mark.world(2)
 @pytest.mark.parametrize("mixed_precision", [False, True], ids=["fp32", "mixed"])
 @pytest.mark.parametrize("kind", sorted(KIND_TYPES))
 def test_save_and_load_after_training(world, kind, mixed_precision):

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import (
 )
 
 from reference_impl._flat_layout import FlatParamShard, Segment, flat_param_shards
-from reference_impl._fqn import Entry, ModelNames
+from reference_impl._fqn import Entry, ModelNames, without_stripped_segments
 
 FLAT_PARAM = "_flat_param"
 FULL = StateDictType.FULL_STATE_DICT
@@ -88,7 +88,8 @@ class Fsdp1Model:
         fsdp_modules = FullyShardedDataParallel.fsdp_modules(model)
         if not fsdp_modules:
             raise ValueError(f"{type(model).__name__} has no FullyShardedDataParallel module")
-        self.entries = _in_state_dict_order(ModelNames(model))
+        names = ModelNames(model)
+        self.entries = _in_state_dict_order(names)
         self.shards = flat_param_shards(model)
         self.originals = {
             shard.canonical(segment.fqn): Original(shard, segment)
@@ -100,7 +101,7 @@ class Fsdp1Model:
                 self.originals[sharer] = self.originals[holder]
         self.fsdp_buffers = {id(b) for m in fsdp_modules for b in m.buffers()}
         root = fsdp_modules[0]
-        self.original_dtypes = _original_buffer_dtypes(root)
+        self.original_dtypes = _original_buffer_dtypes(fsdp_modules, names)
         self.request = request
         self.buffer_request = request.applied(root.sharding_strategy != ShardingStrategy.NO_SHARD)
         self._refuse_local_with_a_mesh()
@@ -150,17 +151,25 @@ def _in_state_dict_order(names: ModelNames) -> list[Entry]:
     return [entry for _, entry in sorted(enumerate(names.entries), key=position)]
 
 
-def _original_buffer_dtypes(root: Any) -> dict[str, torch.dtype]:
-    """Buffer dtypes before mixed precision cast them, by canonical FQN; empty without it.
+def _original_buffer_dtypes(
+    fsdp_modules: list[FullyShardedDataParallel], names: ModelNames
+) -> dict[str, torch.dtype]:
+    """Buffer dtypes before mixed precision cast them, by canonical FQN.
 
-    Buffers of ignored modules keep their dtype and are left out.
+    Each FSDP module whose policy casts buffers gives every buffer beneath it
+    back the dtype it had when that module was built; the outermost one
+    saves last, so its record wins. Buffers a module ignores keep the dtype
+    they have, and buffers under no casting module are left out.
     """
-    policy = getattr(root, "mixed_precision", None)
-    if policy is None or policy.buffer_dtype is None:
-        return {}
-    ignored: set[str] = getattr(root, "_ignored_buffer_names", set())
-    return {
-        name: dtype
-        for name, dtype in getattr(root, "_buffer_name_to_orig_dtype", {}).items()
-        if name not in ignored
-    }
+    dtypes: dict[str, torch.dtype] = {}
+    for module in fsdp_modules:  # parents before children
+        policy = module.mixed_precision
+        if policy is None or policy.buffer_dtype is None:
+            continue
+        prefix = names.fqn_of_module(module)
+        ignored: set[str] = getattr(module, "_ignored_buffer_names", set())
+        for name, dtype in getattr(module, "_buffer_name_to_orig_dtype", {}).items():
+            if name not in ignored:
+                fqn = f"{prefix}.{name}" if prefix else name
+                dtypes.setdefault(without_stripped_segments(fqn), dtype)
+    return dtypes
