@@ -8,6 +8,7 @@ module always saves and loads a FULL_STATE_DICT with the default config
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,9 @@ class Fsdp1Model:
         self.fsdp_buffers = {id(b) for m in fsdp_modules for b in m.buffers()}
         root = fsdp_modules[0]
         self.original_dtypes = _original_buffer_dtypes(fsdp_modules, names)
+        self.first_use_dtypes = (
+            _computation_buffer_dtypes(fsdp_modules, names) if root._is_root is None else {}
+        )
         self.request = request
         self.buffer_request = request.applied(root.sharding_strategy != ShardingStrategy.NO_SHARD)
         self._refuse_local_with_a_mesh()
@@ -151,25 +155,58 @@ def _in_state_dict_order(names: ModelNames) -> list[Entry]:
     return [entry for _, entry in sorted(enumerate(names.entries), key=position)]
 
 
+@dataclass(frozen=True)
+class _UnitBuffer:
+    """A buffer beneath an FSDP unit: its canonical FQN, its name in the unit, ignored or not."""
+
+    fqn: str
+    name_in_unit: str
+    ignored: bool
+
+
+def _unit_buffers(unit: FullyShardedDataParallel, names: ModelNames) -> Iterator[_UnitBuffer]:
+    """Every buffer beneath an FSDP unit, under each of its canonical FQNs."""
+    ignored: set[str] = getattr(unit, "_ignored_buffer_names", set())
+    for name, buffer in unit.named_buffers():
+        clean = without_stripped_segments(name)
+        for fqn in names.fqns_of(buffer):
+            yield _UnitBuffer(fqn, clean, clean in ignored)
+
+
 def _original_buffer_dtypes(
     fsdp_modules: list[FullyShardedDataParallel], names: ModelNames
 ) -> dict[str, torch.dtype]:
     """Buffer dtypes before mixed precision cast them, by canonical FQN.
 
-    Each FSDP module whose policy casts buffers gives every buffer beneath it
-    back the dtype it had when that module was built; the outermost one
-    saves last, so its record wins. Buffers a module ignores keep the dtype
-    they have, and buffers under no casting module are left out.
+    Each FSDP unit whose policy casts buffers gives every buffer beneath it
+    back the dtype it had when that unit was built; the outermost one saves
+    last, so its record wins. Buffers a unit ignores keep the dtype they
+    have, and buffers under no casting unit are left out.
     """
     dtypes: dict[str, torch.dtype] = {}
-    for module in fsdp_modules:  # parents before children
-        policy = module.mixed_precision
-        if policy is None or policy.buffer_dtype is None:
+    for unit in fsdp_modules:  # parents before children
+        if unit.mixed_precision.buffer_dtype is None:
             continue
-        prefix = names.fqn_of_module(module)
-        ignored: set[str] = getattr(module, "_ignored_buffer_names", set())
-        for name, dtype in getattr(module, "_buffer_name_to_orig_dtype", {}).items():
-            if name not in ignored:
-                fqn = f"{prefix}.{name}" if prefix else name
-                dtypes.setdefault(without_stripped_segments(fqn), dtype)
+        record: dict[str, torch.dtype] = getattr(unit, "_buffer_name_to_orig_dtype", {})
+        for buffer in _unit_buffers(unit, names):
+            if not buffer.ignored and buffer.name_in_unit in record:
+                dtypes.setdefault(buffer.fqn, record[buffer.name_in_unit])
     return dtypes
+
+
+def _computation_buffer_dtypes(
+    fsdp_modules: list[FullyShardedDataParallel], names: ModelNames
+) -> dict[str, torch.dtype]:
+    """The dtypes FSDP1 casts buffers to when the model is first used, by canonical FQN.
+
+    A model neither run nor saved yet still holds its buffers as built; its
+    first use (a saving state dict included) casts each buffer to the buffer
+    dtype of the innermost unit holding it, unless that unit ignores it, so
+    a saved buffer has passed through that dtype.
+    """
+    dtypes: dict[str, torch.dtype | None] = {}
+    for unit in reversed(fsdp_modules):  # children before parents
+        dtype = unit.mixed_precision.buffer_dtype
+        for buffer in _unit_buffers(unit, names):
+            dtypes.setdefault(buffer.fqn, None if buffer.ignored else dtype)
+    return {fqn: dtype for fqn, dtype in dtypes.items() if dtype is not None}

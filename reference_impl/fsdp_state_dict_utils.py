@@ -118,9 +118,15 @@ def _offloaded(value: Any, request: Request) -> Any:
 
 
 def _saved_buffer(parts: Fsdp1Model, entry: Entry) -> torch.Tensor:
-    """A buffer as saved: LOCAL as it is; else in its pre-mixed-precision dtype, maybe offloaded."""
+    """A buffer as saved: LOCAL as it is; else in its pre-mixed-precision dtype, maybe offloaded.
+
+    On a model not used yet it is first cast as its first use casts it.
+    """
     assert entry.value is not None
     value = entry.value.detach()
+    first_use_dtype = parts.first_use_dtypes.get(entry.fqn)
+    if first_use_dtype is not None:
+        value = value.to(first_use_dtype)
     request = parts.buffer_request
     if request.state_dict_type == LOCAL:
         return value
