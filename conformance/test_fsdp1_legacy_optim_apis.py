@@ -146,3 +146,40 @@ def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
     our_sharded = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(ours))
     assert_trees_identical(state_names_sorted(sharded), our_sharded)
     assert_trees_identical(our_sharded, state_names_sorted(optimizer.state_dict()))
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("to", ["names", "ids"])
+def test_rekey_of_an_optimizer_not_stepped_yet(world, to):
+    """An optimizer not stepped yet has no state, but its param groups still need re-keying:
+    to names, so the dict shards for an FSDP1 model's optimizer; to IDs, so it is again what
+    the plain optimizer saved."""
+    plain = seeded_mlp()
+    plain_optimizer, _ = OPTIMIZERS["adam_groups"].build(plain)
+    by_ids = plain_optimizer.state_dict()
+    assert not by_ids["state"]
+    names = {param: fqn for fqn, param in plain.named_parameters()}
+    by_names = ri.fsdp_rekey_optim_state_dict(
+        by_ids, OptimStateKeyType.PARAM_NAME, plain, plain_optimizer
+    )
+    assert [group["params"] for group in by_names["param_groups"]] == [
+        sorted(names[param] for param in group["params"]) for group in plain_optimizer.param_groups
+    ]
+    assert_trees_identical(
+        ri.fsdp_rekey_optim_state_dict(
+            by_names, OptimStateKeyType.PARAM_ID, plain, plain_optimizer
+        ),
+        by_ids,
+    )
+    rekey = legacy_api("rekey_optim_state_dict")
+    given, key_type, expected = {
+        "names": (by_ids, OptimStateKeyType.PARAM_NAME, by_names),
+        "ids": (by_names, OptimStateKeyType.PARAM_ID, by_ids),
+    }[to]
+    theirs = rekey(copy.deepcopy(given), key_type, plain, optim=plain_optimizer)
+    assert_trees_identical(theirs, expected)
+    if to == "names":
+        model = PARALLELISMS["fsdp1_full_shard_orig"].wrap(seeded_mlp(), world)
+        optimizer, _ = OPTIMIZERS["adam_groups"].build(model)
+        sharded = legacy_api("shard_full_optim_state_dict")(theirs, model, optim=optimizer)
+        assert_trees_identical(sharded, optimizer.state_dict())
