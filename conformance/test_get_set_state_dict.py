@@ -9,6 +9,7 @@ identical results: keys, types, placements, local shards, values.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -192,3 +193,92 @@ def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, 
         keys = load(model, copy.copy(state), options=options(strict=False))
         reported.append((sorted(keys.missing_keys), sorted(keys.unexpected_keys)))
     assert reported[0] == reported[1] == ([], ["fc3.weight"])
+
+
+BROADCAST = {"full_state_dict": True, "broadcast_from_rank0": True}
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_broadcast_from_rank0_matches_the_oracle(world, name):
+    """Rank 0 alone passes the full model and optimizer dicts, the others ``{}``, to
+    ``set_model_state_dict`` and ``set_optimizer_state_dict``: torch's loads and the oracle's
+    give the same model and optimizer, holding the source's values on every rank."""
+    source, source_optimizer = build(PARALLELISMS[name], world)
+    full = ri.StateDictOptions(full_state_dict=True)
+    model_state = ri.get_model_state_dict(source, options=full)
+    optim_state = ri.get_optimizer_state_dict(source, source_optimizer, options=full)
+    theirs, ours = both_options(BROADCAST)
+    upstream_loaders = (
+        upstream(DSD, "set_model_state_dict"),
+        upstream(DSD, "set_optimizer_state_dict"),
+    )
+    oracle_loaders = (ri.set_model_state_dict, ri.set_optimizer_state_dict)
+    results = []
+    for (load_model, load_optimizer), options in (
+        (upstream_loaders, theirs),
+        (oracle_loaders, ours),
+    ):
+        model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        rank0 = world.rank == 0
+        load_model(model, copy.deepcopy(model_state) if rank0 else {}, options=options)
+        load_optimizer(
+            model, optimizer, copy.deepcopy(optim_state) if rank0 else {}, options=options
+        )
+        results.append(ri.get_state_dict(model, optimizer, options=full))
+    assert_trees_identical(results[0], results[1])
+    assert_trees_identical(results[1][0], model_state)
+    assert_trees_identical(results[1][1]["state"], optim_state["state"])
+
+
+def _model_loader(loader: str) -> tuple[Any, Any]:
+    """``set_model_state_dict`` and ``StateDictOptions`` of torch or of the oracle."""
+    if loader == "torch":
+        return upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")
+    return ri.set_model_state_dict, ri.StateDictOptions
+
+
+@pytest.mark.world(2, timeout=20)  # a hang is cut here; a correct build takes a second
+@pytest.mark.parametrize("loader", ["torch", "oracle"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp2", "fsdp1_full_shard_flat", "fsdp1_full_shard_orig"])
+def test_broadcast_from_rank0_refuses_a_missing_key_on_every_rank(world, name, loader):
+    """Rank 0's full dict lacks a parameter: a strict broadcast load raises on every rank,
+    naming the key; no rank is left waiting in the broadcast."""
+    model, _ = build(PARALLELISMS[name], world)
+    state = ri.get_model_state_dict(model, options=ri.StateDictOptions(full_state_dict=True))
+    del state["fc2.bias"]
+    load, options = _model_loader(loader)
+    with pytest.raises(RuntimeError, match=r"[Mm]issing key.*fc2\.bias"):
+        load(model, state if world.rank == 0 else {}, options=options(**BROADCAST))
+    torch.distributed.barrier()
+
+
+WRAPPER_SEGMENTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"}
+
+
+def _submodule(model: torch.nn.Module, fqn: str) -> torch.nn.Module:
+    """The first module whose name, wrapper segments left out, is ``fqn`` (under FSDP1 the
+    wrapper, under DDP the module DDP holds)."""
+    for name, module in model.named_modules():
+        if ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS) == fqn:
+            return module
+    raise LookupError(f"{type(model).__name__} has no submodule {fqn}")
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("keep_prefixes", [True, False], ids=["prefix_kept", "prefix_cut"])
+@pytest.mark.parametrize("options", ["sharded", "full"])
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_submodule_state_dict_matches_the_oracle(world, name, options, keep_prefixes):
+    """The deprecated ``submodules`` selection keeps ``fc2``'s state alone, its prefix kept
+    or cut, in torch as in the oracle."""
+    model, _ = build(PARALLELISMS[name], world)
+    theirs, ours = both_options({**OPTION_SETS[options], "keep_submodule_prefixes": keep_prefixes})
+    fc2 = _submodule(model, "fc2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        got = upstream(DSD, "get_model_state_dict")(model, submodules={fc2}, options=theirs)
+    expected = ri.get_model_state_dict(model, submodules={fc2}, options=ours)
+    assert_trees_identical(got, expected)
+    assert sorted(expected) == (["fc2.bias", "fc2.weight"] if keep_prefixes else ["bias", "weight"])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 
 from reference_impl._fqn import ModelNames
 from reference_impl._optim_flat import (
@@ -124,17 +124,19 @@ def _has_fsdp1(model: nn.Module) -> bool:
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
+_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
+
+def _fsdp1_group(model: nn.Module) -> dist.ProcessGroup | None:
+    """The group FSDP1's optimizer conversions run in, as upstream picks it: the first FSDP1
+    module's process group, or the world (None) where it shards hybrid."""
+    first = FullyShardedDataParallel.fsdp_modules(model)[0]
+    return None if first.sharding_strategy in _HYBRID else first.process_group
+
+
 def _fsdp1_type(full: bool) -> StateDictType:
     """FULL (gathered everywhere, on device) or SHARDED; the oracle offloads and filters after."""
     return StateDictType.FULL_STATE_DICT if full else StateDictType.SHARDED_STATE_DICT
-
-
-def _refuse_fsdp1_broadcast(model: nn.Module, options: StateDictOptions) -> None:
-    if options.broadcast_from_rank0 and _has_fsdp1(model):
-        raise NotImplementedError(
-            "broadcast_from_rank0 into FSDP1 (ShardedTensor) models is not modelled: "
-            "upstream supports it for DTensor only"
-        )
 
 
 # ----- results: gathered, offloaded -------------------------------------------------
@@ -174,7 +176,7 @@ def get_model_state_dict(
         native = model.state_dict()
     state = {names.fqn_of_key(key): value for key, value in native.items()}
     if submodules:
-        state = _of_submodules(model, names, state, submodules, options.keep_submodule_prefixes)
+        state = _of_submodules(names, state, submodules, options.keep_submodule_prefixes)
     if options.ignore_frozen_params:
         for param in model.parameters():
             if not param.requires_grad:
@@ -186,24 +188,13 @@ def get_model_state_dict(
 
 
 def _of_submodules(
-    model: nn.Module,
-    names: ModelNames,
-    state: StateDict,
-    submodules: set[nn.Module],
-    keep_prefixes: bool,
+    names: ModelNames, state: StateDict, submodules: set[nn.Module], keep_prefixes: bool
 ) -> StateDict:
-    prefixes = []
-    for module in submodules:
-        inner = ModelNames(module)
-        fqns = {e.fqn for e in inner.entries}
-        owners = {f for e in inner.entries if e.value is not None for f in names.fqns_of(e.value)}
-        for owner in owners:
-            for fqn in fqns:
-                if owner.endswith(f".{fqn}"):
-                    prefixes.append(owner[: -len(fqn)])
+    """The state under each submodule's canonical FQN, with that prefix kept or cut."""
+    prefixes = {f"{names.fqn_of_module(module)}." for module in submodules}
     result: StateDict = {}
     for fqn, value in state.items():
-        for prefix in set(prefixes):
+        for prefix in prefixes:
             if fqn.startswith(prefix):
                 result[fqn if keep_prefixes else fqn[len(prefix) :]] = value
     return result
@@ -218,28 +209,32 @@ def set_model_state_dict(
     A full state dict is distributed into the model's shards; with
     ``broadcast_from_rank0`` only rank 0's dict is read and the others may
     pass ``{}``. The caller's dict is never changed. With ``strict``, a
-    missing FQN raises before anything is loaded.
+    missing FQN raises before anything is loaded; under ``broadcast_from_rank0``
+    it raises after the broadcast, on every rank (a check on rank 0 alone
+    would leave the others waiting in the broadcast).
     """
     options = _options(options)
     _require_model_state(model_state_dict, options, submodules=False)
-    _refuse_fsdp1_broadcast(model, options)
     if not model_state_dict and not options.broadcast_from_rank0:
         return IncompatibleKeys([], [])
     names = ModelNames(model, options.dsd_fqn_modifiers)
-    reads_dict = not options.broadcast_from_rank0 or dist.get_rank() == 0
-    given = model_state_dict if reads_dict else {}
-    if options.strict and reads_dict:
+    given = model_state_dict if not options.broadcast_from_rank0 or dist.get_rank() == 0 else {}
+    if options.strict and not options.broadcast_from_rank0:
         missing = [e.fqn for e in names.entries if e.fqn not in given]
         if missing:
             raise RuntimeError(f"rank {_rank()}: missing keys in the model state dict: {missing}")
     native = {names.key_of(fqn) or fqn: value for fqn, value in given.items()}
-    if _has_fsdp1(model):
-        return fsdp_load_state_dict(
-            model, native, _fsdp1_type(options.full_state_dict), strict=options.strict
-        )
     assign = False
     if options.full_state_dict:
         native, assign = _localised(native, names, options)
+    if _has_fsdp1(model):
+        return fsdp_load_state_dict(
+            model,
+            native,
+            _fsdp1_type(options.full_state_dict),
+            strict=options.strict,
+            group=_fsdp1_group(model),
+        )
     result = model.load_state_dict(native, strict=options.strict, assign=assign)
     return IncompatibleKeys(list(result.missing_keys), list(result.unexpected_keys))
 
@@ -327,7 +322,7 @@ def _fqn_keyed(optimizer: torch.optim.Optimizer, names: ModelNames) -> StateDict
 
 def _fsdp1_fqn_keyed(model: nn.Module, optimizer: torch.optim.Optimizer, full: bool) -> StateDict:
     """FSDP1's flat or ``use_orig_params`` optimizer state, FQN-keyed by the oracle of it."""
-    return fsdp_optim_state_dict(model, optimizer, shard_state=not full)
+    return fsdp_optim_state_dict(model, optimizer, shard_state=not full, group=_fsdp1_group(model))
 
 
 @torch.no_grad()
@@ -447,13 +442,18 @@ def set_optimizer_state_dict(
     options = _options(options)
     optimizers = _optimizers(optimizers)
     _require_optimizer_state(optim_state_dict, options)
-    _refuse_fsdp1_broadcast(model, options)
     names = ModelNames(model, options.dsd_fqn_modifiers)
     for optimizer in optimizers:
         ensure_optimizer_state(optimizer)
         own = _own_part(optimizer, optim_state_dict, names, options.strict)
         if _has_fsdp1(model):
-            own = fsdp_optim_state_dict_to_load(model, optimizer, own)
+            own = fsdp_optim_state_dict_to_load(
+                model,
+                optimizer,
+                own,
+                rank0_only=options.broadcast_from_rank0,
+                group=_fsdp1_group(model),
+            )
         elif options.full_state_dict:
             own = _optimizer_localised(optimizer, own, names, options)
         optimizer.load_state_dict(own)

@@ -260,3 +260,18 @@ def test_modifier_hooks_hide_their_level_from_fqns() -> None:
 
     names = ModelNames(nn.Sequential(Hider()))
     assert [e.fqn for e in names.entries] == ["0.weight", "0.bias"]
+
+
+def test_submodules_select_their_state_with_the_prefix_kept_or_cut() -> None:
+    model = checkpoint_wrapper(Net())
+    fc2 = model.get_submodule("_checkpoint_wrapped_module.fc2")
+    kept = ri.get_model_state_dict(model, submodules={fc2})
+    assert sorted(kept) == ["fc2.bias", "fc2.weight"]
+    assert kept["fc2.weight"].data_ptr() == fc2.weight.data_ptr()  # the model's own values
+    cut = ri.StateDictOptions(keep_submodule_prefixes=False)
+    assert sorted(ri.get_model_state_dict(model, submodules={fc2}, options=cut)) == [
+        "bias",
+        "weight",
+    ]
+    with pytest.raises(KeyError, match="Linear is not a module of the model"):
+        ri.get_model_state_dict(model, submodules={nn.Linear(1, 1)})
