@@ -128,8 +128,9 @@ _HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
 def _fsdp1_group(model: nn.Module) -> dist.ProcessGroup | None:
-    """The group FSDP1's optimizer conversions run in, as upstream picks it: the first FSDP1
-    module's process group, or the world (None) where it shards hybrid."""
+    """The group FSDP1's optimizer conversions and the model load's agreement run in, as
+    upstream picks it: the first FSDP1 module's process group, or the world (None) where it
+    shards hybrid."""
     first = FullyShardedDataParallel.fsdp_modules(model)[0]
     return None if first.sharding_strategy in _HYBRID else first.process_group
 
