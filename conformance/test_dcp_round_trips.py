@@ -12,14 +12,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from conformance._compare import assert_state_dict_equal
+from conformance._dcp import load_checkpoint, save_checkpoint
 from conformance._models import seeded_mlp, train
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance
 from conformance._subworld import SubWorld
@@ -42,20 +38,6 @@ def _assert_full_equal(actual: tuple[Any, Any], expected: tuple[Any, Any], **tol
     assert_state_dict_equal(actual[1], expected[1], **tolerance)
 
 
-def _save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kw: Any) -> None:
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path, **kw)
-
-
-def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kw: Any) -> None:
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path, **kw)
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )
-
-
 @pytest.mark.world(1, 2, 4)
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
@@ -63,11 +45,11 @@ def test_load_restores_the_saved_state_and_training_goes_on_identically(world, n
     model, optimizer = _model_and_optimizer(name, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")
-    _save(model, optimizer, path)
+    save_checkpoint(model, optimizer, path)
     saved = _full(model, optimizer)
     train(model, optimizer, steps=1)
     moved_on = _full(model, optimizer)
-    _load(model, optimizer, path)
+    load_checkpoint(model, optimizer, path)
     _assert_full_equal(_full(model, optimizer), saved)
     train(model, optimizer, steps=1)  # the same step again, from the loaded state
     _assert_full_equal(_full(model, optimizer), moved_on)
@@ -93,16 +75,16 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
     model, optimizer = _model_and_optimizer(saved_by, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")
-    _save(model, optimizer, path)
+    save_checkpoint(model, optimizer, path)
     saved = _full(model, optimizer)
     world.barrier()
     loaders = SubWorld(world, load_size)
     if loaders.member:
         target, target_optimizer = _model_and_optimizer(loaded_by, loaders)
         if load_size == 1:
-            _load(target, target_optimizer, path, no_dist=True)
+            load_checkpoint(target, target_optimizer, path, no_dist=True)
         else:
-            _load(target, target_optimizer, path, process_group=loaders.group)
+            load_checkpoint(target, target_optimizer, path, process_group=loaders.group)
         cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
         _assert_full_equal(_full(target, target_optimizer), saved, **comparison_tolerance(*cells))
     world.barrier()
@@ -118,11 +100,11 @@ def test_load_at_more_ranks_than_saved(world, loaded_by):
     if savers.member:
         model, optimizer = _model_and_optimizer("fsdp2", savers)
         train(model, optimizer, steps=2)
-        _save(model, optimizer, path, process_group=savers.group)
+        save_checkpoint(model, optimizer, path, process_group=savers.group)
         saved = _full(model, optimizer)
     world.barrier()
     target, target_optimizer = _model_and_optimizer(loaded_by, world)
-    _load(target, target_optimizer, path)
+    load_checkpoint(target, target_optimizer, path)
     loaded = _full(target, target_optimizer)
     if saved is not None:
         _assert_full_equal(loaded, saved, **comparison_tolerance(PARALLELISMS[loaded_by]))

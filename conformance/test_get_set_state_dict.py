@@ -176,6 +176,13 @@ def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options)
     assert_trees_identical(given_optim, optim_state)
 
 
+def _model_loader(loader: str) -> tuple[Any, Any]:
+    """``set_model_state_dict`` and ``StateDictOptions`` of torch or of the oracle."""
+    if loader == "torch":
+        return upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")
+    return ri.set_model_state_dict, ri.StateDictOptions
+
+
 @pytest.mark.world(2)
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, name):
@@ -184,10 +191,7 @@ def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, 
     model, _ = build(PARALLELISMS[name], world)
     state = {**ri.get_model_state_dict(model), "fc3.weight": torch.zeros(1)}
     reported = []
-    for load, options in (
-        (upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")),
-        (ri.set_model_state_dict, ri.StateDictOptions),
-    ):
+    for load, options in map(_model_loader, ("torch", "oracle")):
         with pytest.raises(RuntimeError, match=r"fc3\.weight"):
             load(model, copy.copy(state), options=options(strict=True))
         keys = load(model, copy.copy(state), options=options(strict=False))
@@ -230,13 +234,6 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
     assert_trees_identical(results[0], results[1])
     assert_trees_identical(results[1][0], model_state)
     assert_trees_identical(results[1][1]["state"], optim_state["state"])
-
-
-def _model_loader(loader: str) -> tuple[Any, Any]:
-    """``set_model_state_dict`` and ``StateDictOptions`` of torch or of the oracle."""
-    if loader == "torch":
-        return upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")
-    return ri.set_model_state_dict, ri.StateDictOptions
 
 
 @pytest.mark.world(2, timeout=20)  # a hang is cut here; a correct build takes a second

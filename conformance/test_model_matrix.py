@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._dcp import load_checkpoint, save_checkpoint
 from conformance._model_zoo import MODELS, TRAIN_STEPS, ModelRecipe
 from conformance._parallelisms import PARALLELISMS, Parallelism, comparison_tolerance
 from conformance._subworld import SubWorld
@@ -124,11 +124,6 @@ DCP_RESHARDS = [
 ]
 
 
-def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    model_state, optim_state = upstream(DSD, "get_state_dict")(model, optimizer)
-    return {"model": model_state, "optim": optim_state}
-
-
 def _loaded_from_checkpoint(
     recipe: ModelRecipe, loaded_by: str, loaders: SubWorld, path: str
 ) -> tuple[Any, Any]:
@@ -140,14 +135,10 @@ def _loaded_from_checkpoint(
         else recipe.make(PARALLELISMS[loaded_by], loaders)
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    state = _dcp_state(model, optimizer)
     if loaders.size == 1:
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+        load_checkpoint(model, optimizer, path, no_dist=True)
     else:
-        dcp.load(state, checkpoint_id=path, process_group=loaders.group)
-    upstream(DSD, "set_state_dict")(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )
+        load_checkpoint(model, optimizer, path, process_group=loaders.group)
     return ri.get_state_dict(model, optimizer, options=FULL)
 
 
@@ -167,7 +158,7 @@ def test_model_dcp_resharding_keeps_every_value(world, model_id, saved_by, loade
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     recipe.train(model, optimizer, TRAIN_STEPS, world.device)
     path = str(world.tmp_path / "checkpoint")
-    dcp.save(_dcp_state(model, optimizer), checkpoint_id=path)
+    save_checkpoint(model, optimizer, path)
     saved = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
     world.barrier()
     loaders = SubWorld(world, load_size)
