@@ -12,6 +12,16 @@ from torch import nn
 SEED = 1234
 VOCAB = 11
 
+# The name segments FSDP1, activation-checkpoint and ``torch.compile`` wrappers add. DDP's
+# ``module`` is not among them: a model may own a submodule of that name, so callers unwrap
+# DDP themselves. Written here apart from the oracle's own naming, which is under test.
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def unwrapped_name(name: str) -> str:
+    """A ``named_parameters``/``named_modules`` name without ``WRAPPER_SEGMENTS``."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
 
 class MLPWithBuffers(nn.Module):
     """Two linear layers, a persistent buffer and a non-persistent one.

@@ -20,7 +20,6 @@ import contextlib
 import copy
 import io
 import itertools
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 import reference_impl as ri
 from conformance import _fsdp1_small_models as small
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._models import unwrapped_name
 from conformance._subworld import SubWorld
 from conformance._transformer import Block, seeded_transformer
 
@@ -54,7 +54,6 @@ FULL, SHARDED, LOCAL = (
 )
 KIND_TYPES = {"full": FULL, "full_rank0_only": FULL, "sharded": SHARDED, "local": LOCAL}
 UNFLATTENED = ["full", "full_rank0_only", "sharded"]
-WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module)\.")
 
 
 def _config(kind: str, device: torch.device) -> StateDictConfig:
@@ -124,7 +123,7 @@ def _values(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer at full size, by clean name (wrapper prefixes dropped)."""
     with FullyShardedDataParallel.summon_full_params(model):
         named = itertools.chain(model.named_parameters(), model.named_buffers())
-        return {WRAPPER_PREFIXES.sub("", name): t.detach().clone() for name, t in named}
+        return {unwrapped_name(name): t.detach().clone() for name, t in named}
 
 
 def _detached(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._models import seeded_mlp, train
+from conformance._models import seeded_mlp, train, unwrapped_name
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import DSD, upstream
@@ -251,14 +252,12 @@ def test_broadcast_from_rank0_refuses_a_missing_key_on_every_rank(world, name, l
     torch.distributed.barrier()
 
 
-WRAPPER_SEGMENTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"}
-
-
 def _submodule(model: torch.nn.Module, fqn: str) -> torch.nn.Module:
     """The first module whose name, wrapper segments left out, is ``fqn`` (under FSDP1 the
     wrapper, under DDP the module DDP holds)."""
-    for name, module in model.named_modules():
-        if ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS) == fqn:
+    root = model.module if isinstance(model, DistributedDataParallel) else model
+    for name, module in root.named_modules():
+        if unwrapped_name(name) == fqn:
             return module
     raise LookupError(f"{type(model).__name__} has no submodule {fqn}")
 
