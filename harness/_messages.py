@@ -69,14 +69,17 @@ class TestCall:
 class RankResult:
     """Rank → controller: how one test body ended on one rank.
 
-    ``pg_count`` is the rank's process-group counter after cleanup; the
-    controller recycles the world when ranks disagree on it.
+    ``pg_count`` is the rank's process-group counter after cleanup;
+    ``world_collectives`` the default group's collective sequence number (None
+    where the backend does not count). The controller keeps the world only
+    when ranks agree on them: see ``WorldOutcome.world_is_reusable``.
     """
 
     rank: int
     status: RankStatus
     longrepr: str = ""
     pg_count: int = 0
+    world_collectives: int | None = None
     headline: str = ""  # the exception in a few lines, for reports; longrepr has the rest
 
 

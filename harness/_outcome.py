@@ -66,10 +66,24 @@ class WorldOutcome:
 
     @property
     def world_is_reusable(self) -> bool:
-        """True when every rank finished cleanly and all agree on process-group state."""
-        if self.verdict not in (msg.PASSED, msg.SKIPPED, msg.XFAILED):
+        """True when the next test can run in this world as in a fresh one.
+
+        Every rank must have ended the same way and made the same process groups. A failure
+        keeps the world only in a CPU world (a device error may poison the process) and only
+        when every rank failed after the same number of collectives on the default group:
+        a rank that stopped short would leave data in flight for the next test.
+        """
+        results = [self.results[r] for r in self.ranks]
+        statuses = {result.status for result in results}
+        if len(results) < self.spec.size or len(statuses) != 1:
             return False
-        return len({self.results[r].pg_count for r in self.ranks}) == 1
+        status = statuses.pop()
+        if len({result.pg_count for result in results}) != 1 or status in (msg.CRASHED, msg.HUNG):
+            return False
+        if status != msg.FAILED:
+            return True
+        counts = {result.world_collectives for result in results}
+        return self.spec.device_type == "cpu" and len(counts) == 1 and None not in counts
 
     @property
     def reason(self) -> str:

@@ -96,6 +96,18 @@ def _clear_dtensor_caches() -> None:
         native_clear()
 
 
+def _world_collectives() -> int | None:
+    """How many collectives (and point-to-point operations, under gloo) this rank has run
+    on the default group, or None where the backend does not count them."""
+    import torch.distributed as dist
+
+    count = getattr(dist.group.WORLD, "_get_sequence_number_for_group", None)
+    try:
+        return int(count()) if callable(count) else None
+    except RuntimeError:  # a backend without sequence numbers
+        return None
+
+
 class RankLoop:
     """One rank's side of the controller conversation."""
 
@@ -151,6 +163,7 @@ class RankLoop:
             status=status,
             longrepr=text,
             pg_count=_reset_between_tests(),
+            world_collectives=_world_collectives(),
             headline=headline,
         )
 

@@ -1,7 +1,8 @@
 """Fault injection: hangs, crashes and disagreements never pass and never stop the session.
 
 One inner session runs ``inner/inner_faults.py`` at world sizes 1, 2 and 4;
-each fault is followed by a probe that must pass in a fresh world.
+each fault is followed by a probe that must pass in a fresh world, except a failure of
+every rank at the same point of a test, after which the world is kept.
 """
 
 from __future__ import annotations
@@ -58,12 +59,23 @@ FAULTS = {
         "failed",
         ["rank 0 hung", "in test_collective_on_some_ranks"],
     ),
+    "failure_out_of_step": lambda n: (
+        "failed",
+        [f"ranks {', '.join(map(str, range(n)))} failed", "ValueError: injected failure on rank 1"],
+    ),
 }
+ONLY_WITH_PEERS = ("collective_on_some_ranks", "failure_out_of_step")
 
 
 def fault_cases() -> list[tuple[str, int]]:
     cases = [(name, size) for name in FAULTS for size in SIZES]
-    return [c for c in cases if not (c[0] == "collective_on_some_ranks" and c[1] == 1)]
+    return [c for c in cases if not (c[0] in ONLY_WITH_PEERS and c[1] == 1)]
+
+
+def fresh_world_cases() -> list[tuple[str, int]]:
+    """Every fault but the lone rank's exception: with no peer, that is a failure of every
+    rank in step, and keeps the world (see the test after this one)."""
+    return [c for c in fault_cases() if c != ("exception_one_rank", 1)]
 
 
 @pytest.mark.parametrize(("scenario", "size"), fault_cases())
@@ -75,13 +87,28 @@ def test_fault_is_reported_with_rank_and_cause(faults: InnerRun, scenario: str, 
         assert text in faults.message(name), f"{text!r} not in report of {name}"
 
 
-@pytest.mark.parametrize(("scenario", "size"), fault_cases())
+@pytest.mark.parametrize(("scenario", "size"), fresh_world_cases())
 def test_next_test_passes_in_a_fresh_world(faults: InnerRun, scenario: str, size: int) -> None:
     probe = f"probe_after_{scenario}"
     assert faults.outcome(f"test_{probe}[w{size}]") == "passed"
     before, after = pids(faults, scenario, size), pids(faults, probe, size)
     assert len(after) == size
     assert not set(before.values()) & set(after.values()), "the broken world was reused"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_world_is_kept_after_a_failure_of_every_rank_in_step(faults: InnerRun, size: int) -> None:
+    """Every rank raised after the same collectives: nothing is left in flight, so the next
+    test runs in the same processes, and their collectives still work."""
+    name = f"test_failure_on_every_rank_in_step[w{size}]"
+    assert faults.outcome(name) == "failed"
+    for rank in range(size):
+        assert f"ValueError: injected failure on rank {rank}" in faults.message(name)
+    probe = "probe_after_failure_on_every_rank_in_step"
+    assert faults.outcome(f"test_{probe}[w{size}]") == "passed"
+    failed, after = pids(faults, "failure_on_every_rank_in_step", size), pids(faults, probe, size)
+    assert len(failed) == size
+    assert failed == after
 
 
 @pytest.mark.parametrize("size", SIZES)

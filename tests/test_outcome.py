@@ -67,15 +67,44 @@ def test_agreed_skip_reason_is_given_once() -> None:
     [
         (("passed",) * 3, (2, 2, 2), True),
         (("skipped",) * 3, (0, 0, 0), True),
+        (("xfailed",) * 3, (1, 1, 1), True),
         (("passed",) * 3, (2, 3, 2), False),  # ranks made different process groups
         (("passed", "failed", "passed"), (0, 0, 0), False),
+        (("passed", "skipped", "passed"), (0, 0, 0), False),
         (("passed", "hung", "passed"), (0, 0, 0), False),
+        (("crashed",) * 3, (0, 0, 0), False),
     ],
 )
 def test_world_reuse_needs_clean_agreeing_ranks(
     statuses: tuple[str, ...], pg_counts: tuple[int, ...], reusable: bool
 ) -> None:
     assert outcome(*statuses, pg_counts=pg_counts).world_is_reusable is reusable
+
+
+def failed_everywhere(
+    collectives: tuple[int | None, ...], device_type: str = "cpu"
+) -> WorldOutcome:
+    spec = WorldSpec("gloo" if device_type == "cpu" else "nccl", 3, device_type)
+    results = {
+        r: RankResult(rank=r, status="failed", longrepr="boom", world_collectives=c)
+        for r, c in enumerate(collectives)
+    }
+    return WorldOutcome(spec=spec, results=results)
+
+
+@pytest.mark.parametrize(
+    ("collectives", "device_type", "reusable"),
+    [
+        ((4, 4, 4), "cpu", True),  # every rank failed at the same point
+        ((5, 4, 4), "cpu", False),  # rank 0 ran a collective (a send) the others never met
+        ((None, None, None), "cpu", False),  # the backend does not count: no proof of step
+        ((4, 4, 4), "cuda", False),  # a device error may outlive the test
+    ],
+)
+def test_a_failure_keeps_the_world_only_with_every_rank_in_step_on_cpu(
+    collectives: tuple[int | None, ...], device_type: str, reusable: bool
+) -> None:
+    assert failed_everywhere(collectives, device_type).world_is_reusable is reusable
 
 
 @pytest.mark.parametrize(

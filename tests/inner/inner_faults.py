@@ -77,6 +77,41 @@ def test_probe_after_exception_one_rank(world):
 
 
 @pytest.mark.world(1, 2, 4)
+def test_failure_on_every_rank_in_step(world):
+    record_pid(world, "failure_on_every_rank_in_step")
+    dist.all_reduce(torch.ones(1))
+    raise ValueError(f"injected failure on rank {world.rank}")
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_failure_on_every_rank_in_step(world):
+    record_pid(world, "probe_after_failure_on_every_rank_in_step")
+    t = torch.full((1,), float(world.rank))
+    dist.all_reduce(t)
+    assert t.item() == sum(range(world.size))
+
+
+@pytest.mark.world(2, 4)
+def test_failure_out_of_step(world):
+    record_pid(world, "failure_out_of_step")
+    if world.rank == 0:
+        dist.isend(torch.ones(1), dst=1)  # never received: it would reach the next test
+    raise ValueError(f"injected failure on rank {world.rank}")
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_failure_out_of_step(world):
+    record_pid(world, "probe_after_failure_out_of_step")
+    t = torch.zeros(1)
+    if world.rank == 0:
+        dist.send(torch.full((1,), 7.0), dst=1)
+    elif world.rank == 1:
+        dist.recv(t, src=0)
+        assert t.item() == 7.0
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
 def test_exit_one_rank(world):
     record_pid(world, "exit_one_rank")
     if last_rank(world):
