@@ -102,9 +102,9 @@ class ModelRecipe:
 
     def make(self, cell: Parallelism, world: Any) -> nn.Module:
         """The model, parallelised by ``cell``, in this recipe's variant."""
-        model = self.build().to(world.device)
+        model = self.build()
         targets = {id(model.get_submodule(unit)) for unit in units(model)}
-        wrapped = cell.wrap(model, world)
+        wrapped = cell.parallelise(model, world)
         if self.variant == "checkpointed":
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
                 apply_activation_checkpointing,
@@ -115,11 +115,9 @@ class ModelRecipe:
             wrapped = torch.compile(wrapped, backend="eager")  # CPU-safe: no code generation
         return wrapped
 
-    def train(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, device: Any
-    ) -> None:
-        """``steps`` steps on this model's inputs, moved to the ranks' ``device``."""
-        train(model, optimizer, steps, inputs=lambda step: self.inputs(step).to(device))
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+        """``steps`` steps on this model's inputs."""
+        train(model, optimizer, steps, inputs=self.inputs)
 
     def ground_truth(self, steps: int) -> GroundTruth:
         """The single-process model and Adam after ``steps``: what every cell must equal."""

@@ -75,10 +75,12 @@ def train(
     inputs: Callable[[int], torch.Tensor] = batch,
 ) -> None:
     """``steps`` training steps on ``inputs(start), inputs(start + 1), ...``: resuming after
-    a load at ``start`` trains on what an uninterrupted run would."""
+    a load at ``start`` trains on what an uninterrupted run would. Inputs go to the device of
+    the model's parameters (a CUDA device under NCCL)."""
+    device = next(model.parameters()).device
     for step in range(start, start + steps):
         optimizer.zero_grad()
-        model(inputs(step)).pow(2).mean().backward()
+        model(inputs(step).to(device)).pow(2).mean().backward()
         optimizer.step()
         if scheduler is not None:
             scheduler.step()

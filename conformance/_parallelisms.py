@@ -42,6 +42,10 @@ class Parallelism:
         if not self.sizes or any(size < 1 for size in self.sizes):
             raise ValueError(f"{self.name}: world sizes must be positive, got {self.sizes}")
 
+    def parallelise(self, model: nn.Module, world: Any) -> nn.Module:
+        """``model`` moved to the rank's device (a CUDA device under NCCL), then wrapped."""
+        return self.wrap(model.to(world.device), world)
+
     def supports(self, world_size: int) -> bool:
         return world_size in self.sizes
 

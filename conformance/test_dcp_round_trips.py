@@ -24,7 +24,9 @@ FULL = StateDictOptions(full_state_dict=True)
 
 
 def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = seeded_mlp() if name == "single" else PARALLELISMS[name].wrap(seeded_mlp(), world)
+    model = seeded_mlp()
+    if name != "single":
+        model = PARALLELISMS[name].parallelise(model, world)
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 

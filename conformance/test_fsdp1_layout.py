@@ -56,7 +56,7 @@ def _their_slices(shard: ri.FlatParamShard) -> dict[str, ri.ParamSlice]:
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_flat_shards_hold_what_the_layout_says(world, name, model_name):
     PARALLELISMS[name].skip_unless_supported(world.size)
-    model = PARALLELISMS[name].wrap(MODELS[model_name](), world)
+    model = PARALLELISMS[name].parallelise(MODELS[model_name](), world)
     originals = dict(MODELS[model_name]().named_parameters())
     shards = ri.flat_param_shards(model)
     assert shards, f"{name}: no flat parameter found"

@@ -29,7 +29,7 @@ STEPS = 2
 
 def _trained(world: Any, name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     PARALLELISMS[name].skip_unless_supported(world.size)
-    model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+    model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
     return model, optimizer
@@ -179,7 +179,7 @@ def test_rekey_of_an_optimizer_not_stepped_yet(world, to):
     theirs = rekey(copy.deepcopy(given), key_type, plain, optim=plain_optimizer)
     assert_trees_identical(theirs, expected)
     if to == "names":
-        model = PARALLELISMS["fsdp1_full_shard_orig"].wrap(seeded_mlp(), world)
+        model = PARALLELISMS["fsdp1_full_shard_orig"].parallelise(seeded_mlp(), world)
         optimizer, _ = OPTIMIZERS["adam_groups"].build(model)
         sharded = legacy_api("shard_full_optim_state_dict")(theirs, model, optim=optimizer)
         assert_trees_identical(sharded, optimizer.state_dict())

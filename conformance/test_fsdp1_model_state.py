@@ -64,7 +64,7 @@ def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
     """The cell's model after ``steps`` Adam steps (none: as freshly wrapped)."""
     cell = PARALLELISMS[name]
     cell.skip_unless_supported(world.size)
-    model = cell.wrap(seeded_mlp(), world)
+    model = cell.parallelise(seeded_mlp(), world)
     if steps:
         train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps)
     return model

@@ -96,7 +96,7 @@ def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
     cell = PARALLELISMS[name]
     OPTIMIZERS["adam"].skip_unless_covered(cell, world.size)
     build, before_save, named = CASES[case]
-    model = cell.wrap(seeded_mlp(), world)
+    model = cell.parallelise(seeded_mlp(), world)
     optimizer = build(model, world.rank)
     before_save(model, optimizer)
     sharded = kind == "sharded"

@@ -41,7 +41,7 @@ def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
     """The cell's model and optimizer after two steps; Adam runs at every size, others once."""
     cell = PARALLELISMS[name]
     OPTIMIZERS[recipe].skip_unless_covered(cell, world.size, every_size=recipe == "adam")
-    model = cell.wrap(seeded_mlp(), world)
+    model = cell.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
     return model, optimizer
@@ -78,7 +78,7 @@ def test_no_two_state_tensors_share_memory(world, name, config):
 def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     """The oracle on its own: gathered FSDP1 state is the single-process Adam state, exactly."""
     PARALLELISMS[name].skip_unless_supported(world.size)
-    model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+    model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, 2)
     truth = ground_truth(steps=2, recipe=OPTIMIZERS["adam"])
@@ -112,7 +112,7 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
 
 
 def _saved_flat_adam(world: Any) -> tuple[Any, Any, dict[str, Any]]:
-    model = PARALLELISMS["fsdp1_full_shard_flat"].wrap(seeded_mlp(), world)
+    model = PARALLELISMS["fsdp1_full_shard_flat"].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, 1)
     return model, optimizer, ri.fsdp_optim_state_dict(model, optimizer)

@@ -47,7 +47,7 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
         pytest.skip("a sharded state dict's shards belong to the ranks that saved it")
     if kind == "sharded" and "no_shard" in saved_by:
         pytest.skip("NO_SHARD gives a full model state dict for SHARDED_STATE_DICT")
-    model = PARALLELISMS[saved_by].wrap(seeded_mlp(), world)
+    model = PARALLELISMS[saved_by].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
     model_type = optim_settings(kind)[0]
@@ -56,7 +56,7 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
     loaders = SubWorld(world, world.size // 2 if ranks == "half_the_ranks" else world.size)
     if loaders.member:
         group = loaders.group
-        target = PARALLELISMS[loaded_by].wrap(seeded_mlp(), loaders)
+        target = PARALLELISMS[loaded_by].parallelise(seeded_mlp(), loaders)
         ri.fsdp_load_state_dict(target, copy.deepcopy(saved_model), model_type, group=group)
         target_optimizer, _ = OPTIMIZERS["adam"].build(target)
         to_load = FullyShardedDataParallel.optim_state_dict_to_load

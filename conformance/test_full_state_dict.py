@@ -44,7 +44,7 @@ def _cells() -> list[tuple[str, str]]:
 def test_full_state_dicts_equal_single_process(world, name, recipe, steps):
     parallelism = PARALLELISMS[name]
     parallelism.skip_unless_supported(world.size)
-    model = parallelism.wrap(seeded_mlp(), world)
+    model = parallelism.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, steps, scheduler)
     expected = ground_truth(steps, OPTIMIZERS[recipe])

@@ -36,7 +36,7 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
 def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
     parallelism.skip_unless_supported(world.size)
-    model = parallelism.wrap(seeded_mlp(), world)
+    model = parallelism.parallelise(seeded_mlp(), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     train(model, optimizer, steps=2)
     return model, optimizer
@@ -90,7 +90,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     """
     parallelism = PARALLELISMS[name]
     OPTIMIZERS[recipe].skip_unless_covered(parallelism, world.size)
-    model = parallelism.wrap(seeded_mlp(), world)
+    model = parallelism.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
     model.zero_grad(set_to_none=True)  # fresh optimizers below create their state by a step
@@ -124,7 +124,7 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
         (upstream(DSD, "set_state_dict"), theirs),
         (ri.set_state_dict, ours),
     ):
-        model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+        model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         keys = loader(  # copies: torch's loader rewrites the dicts it is given
             model,
@@ -224,7 +224,7 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
         (upstream_loaders, theirs),
         (oracle_loaders, ours),
     ):
-        model = PARALLELISMS[name].wrap(seeded_mlp(), world)
+        model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         rank0 = world.rank == 0
         load_model(model, copy.deepcopy(model_state) if rank0 else {}, options=options)

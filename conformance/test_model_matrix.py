@@ -58,7 +58,7 @@ def _trained(
         pytest.skip(reason)
     model = recipe.make(cell, world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    recipe.train(model, optimizer, TRAIN_STEPS, world.device)
+    recipe.train(model, optimizer, TRAIN_STEPS)
     return model, optimizer
 
 
@@ -105,7 +105,7 @@ def test_model_load_restores_what_was_saved(world, model_id, cell):
     model, optimizer = _trained(recipe, PARALLELISMS[cell], world)
     model_state, optim_state = copy.deepcopy(upstream(DSD, "get_state_dict")(model, optimizer))
     expected = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
-    recipe.train(model, optimizer, 1, world.device)
+    recipe.train(model, optimizer, 1)
     upstream(DSD, "set_state_dict")(
         model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
     )
@@ -156,7 +156,7 @@ def test_model_dcp_resharding_keeps_every_value(world, model_id, saved_by, loade
             pytest.skip(reason)
     model = recipe.make(PARALLELISMS[saved_by], world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    recipe.train(model, optimizer, TRAIN_STEPS, world.device)
+    recipe.train(model, optimizer, TRAIN_STEPS)
     path = str(world.tmp_path / "checkpoint")
     save_checkpoint(model, optimizer, path)
     saved = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))

@@ -34,7 +34,7 @@ HANG_DEADLINE_S = 30  # a correct build takes well under a second here
 
 
 def _wrapped(name: str, world: Any) -> torch.nn.Module:
-    return PARALLELISMS[name].wrap(seeded_mlp(), world)
+    return PARALLELISMS[name].parallelise(seeded_mlp(), world)
 
 
 def _adam(model: torch.nn.Module) -> torch.optim.Adam:
