@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ci._mutation_run import raised_in_a_mutant
+from ci import _mutation_report as report
+from ci import mutation
+from ci._mutation_run import RunResult, RunSettings, raised_in_a_mutant
 from ci._target import SUITE_ROOT
 from ci.mutants import UPSTREAM_MODULES, catalogue
 
@@ -125,3 +128,49 @@ def test_an_exception_raised_in_a_mutants_own_code_is_no_kill():
     assert raised_in_a_mutant(broken)
     assert not raised_in_a_mutant(seen)
     assert not raised_in_a_mutant("conformance/test_x.py:12: AssertionError")
+
+
+def _killed(name: str, test: str) -> report.MutantOutcome:
+    return report.MutantOutcome(name, "upstream.py", "a bug", report.KILLED, killed_by=test)
+
+
+def _baseline(result: RunResult, calls: list[list[str]]) -> Callable[..., RunResult]:
+    """A stand-in for the run without any mutant: records which tests it was asked for."""
+
+    def run(tests: list[str], mutant: object, *args: object, **kwargs: object) -> RunResult:
+        assert mutant is None, "the baseline runs without a mutant"
+        calls.append(tests)
+        return result
+
+    return run
+
+
+def test_a_kill_by_a_test_that_fails_without_the_mutant_is_unverified(monkeypatch, tmp_path):
+    outcomes = [_killed("a", "t.py::sees_a"), _killed("b", "t.py::broken")]
+    calls: list[list[str]] = []
+    result = RunResult(1, [("t.py::broken", "KeyError: 'w'")], 1.0, tmp_path / "log")
+    monkeypatch.setattr(mutation, "run_tests", _baseline(result, calls))
+    mutation.verify_killers(outcomes, RunSettings(), tmp_path)
+    assert calls == [["t.py::broken", "t.py::sees_a"]]
+    assert [o.status for o in outcomes] == [report.KILLED, report.UNVERIFIED]
+    assert outcomes[1].detail == "it fails without the mutant too: KeyError: 'w'"
+
+
+@pytest.mark.parametrize(("returncode", "why"), [(None, "timed out"), (3, "exited 3")])
+def test_a_baseline_run_cut_off_verifies_no_kill(monkeypatch, tmp_path, returncode, why):
+    outcomes = [_killed("a", "t.py::sees_a"), _killed("b", "t.py::sees_b")]
+    result = RunResult(returncode, [], 1.0, tmp_path / "log")
+    monkeypatch.setattr(mutation, "run_tests", _baseline(result, []))
+    mutation.verify_killers(outcomes, RunSettings(), tmp_path)
+    assert {o.status for o in outcomes} == {report.UNVERIFIED}
+    assert all(f"the run without the mutant {why}" in o.detail for o in outcomes)
+
+
+def test_no_kill_means_no_baseline_run(monkeypatch, tmp_path):
+    calls: list[list[str]] = []
+    result = RunResult(0, [], 1.0, tmp_path / "log")
+    monkeypatch.setattr(mutation, "run_tests", _baseline(result, calls))
+    survivor = report.MutantOutcome("a", "upstream.py", "a bug", report.SURVIVED)
+    mutation.verify_killers([survivor], RunSettings(), tmp_path)
+    assert calls == []
+    assert survivor.status == report.SURVIVED
