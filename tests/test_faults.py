@@ -74,7 +74,8 @@ def fault_cases() -> list[tuple[str, int]]:
 
 def fresh_world_cases() -> list[tuple[str, int]]:
     """Every fault but the lone rank's exception: with no peer, that is a failure of every
-    rank in step, and keeps the world (see the test after this one)."""
+    rank in step, which keeps the world: see
+    ``test_world_is_kept_after_a_failure_of_every_rank_in_step``."""
     return [c for c in fault_cases() if c != ("exception_one_rank", 1)]
 
 
