@@ -8,11 +8,13 @@ process group, then runs test bodies one at a time until told to stop.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -76,24 +78,32 @@ def _clear_dtensor_caches() -> None:
 
     A mesh equal to an earlier test's (same ranks, shape and names) hits those
     caches and gets back specs on the old mesh, whose groups were destroyed.
+    Until a test has imported DTensor there is nothing to clear, and importing
+    it here would cost every world seconds at its first test.
     """
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for clear in _dtensor_cache_clears():
+        clear()
+
+
+@functools.cache
+def _dtensor_cache_clears() -> tuple[Callable[[], None], ...]:
+    """The ``cache_clear`` of each of DTensor's sharding caches, found once per process."""
     import torch
 
     try:
         from torch.distributed.tensor import DTensor, _redistribute
-    except ImportError:
-        return
+    except ImportError:  # a torch whose DTensor lives elsewhere
+        return ()
     propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
     cached = [getattr(_redistribute, "_gen_transform_infos", None)]
     if propagator is not None:
         cached += [getattr(propagator, name, None) for name in dir(propagator)]
-    for function in cached:
-        clear = getattr(function, "cache_clear", None)
-        if callable(clear):
-            clear()
-    native_clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if native_clear is not None:  # the C++ dispatch fast path keeps its own cache
-        native_clear()
+    clears = [getattr(function, "cache_clear", None) for function in cached]
+    # The C++ dispatch fast path keeps its own cache.
+    clears.append(getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))
+    return tuple(clear for clear in clears if callable(clear))
 
 
 def _world_collectives() -> int | None:
@@ -165,6 +175,7 @@ class RankLoop:
             pg_count=_reset_between_tests(),
             world_collectives=_world_collectives(),
             headline=headline,
+            captured=self.capture.captured(),
         )
 
 
