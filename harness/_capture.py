@@ -2,7 +2,9 @@
 
 Output goes to files, not pipes, so the controller can still read what a
 rank printed after that rank hung or died. Capturing at the descriptor level
-also catches what C++ code (gloo, NCCL, faulthandler) writes.
+also catches what C++ code (gloo, NCCL, faulthandler) writes. A rank that
+finishes its test reads its own capture and sends it with its result, so the
+controller opens the files only for ranks that crashed or hung.
 """
 
 from __future__ import annotations
@@ -55,15 +57,30 @@ class FdCapture:
                 os.dup2(old, fd)
                 os.close(old)
 
+    def captured(self) -> dict[str, str]:
+        """What the last test wrote to each stream; the tail if it is long."""
+        return {stream: _tail(fd) for stream, fd in zip(STREAMS, self._fds, strict=True)}
+
 
 def read_capture(capture_dir: str | Path, rank: int, stream: str) -> str:
     """What ``rank`` wrote to ``stream`` during its last test; the tail if it is long."""
-    path = capture_path(capture_dir, rank, stream)
     try:
-        data = path.read_bytes()
+        fd = os.open(capture_path(capture_dir, rank, stream), os.O_RDONLY)
     except FileNotFoundError:
         return ""
-    if len(data) > _MAX_SHOWN:
-        dropped = len(data) - _MAX_SHOWN
-        data = f"[... {dropped} bytes cut ...]\n".encode() + data[-_MAX_SHOWN:]
+    try:
+        return _tail(fd)
+    finally:
+        os.close(fd)
+
+
+def _tail(fd: int) -> str:
+    """The last ``_MAX_SHOWN`` bytes of the file at ``fd``, saying how much was cut before."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return ""
+    start = max(0, size - _MAX_SHOWN)
+    data = os.pread(fd, size - start, start)
+    if start:
+        data = f"[... {start} bytes cut ...]\n".encode() + data
     return data.decode(errors="replace")

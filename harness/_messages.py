@@ -6,7 +6,7 @@ each is a small frozen dataclass so both sides agree on the fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness._spec import WorldSpec
 
@@ -81,6 +81,7 @@ class RankResult:
     pg_count: int = 0
     world_collectives: int | None = None
     headline: str = ""  # the exception in a few lines, for reports; longrepr has the rest
+    captured: dict[str, str] = field(default_factory=dict)  # stream -> what the test wrote
 
 
 @dataclass(frozen=True)

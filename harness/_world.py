@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -287,15 +288,20 @@ class World:
             params=pickle.dumps(request.params),
             tmp_path=request.tmp_path,
         )
+        message = ForkingPickler.dumps(call)  # pickled once for every rank
         results: dict[int, msg.RankResult] = {}
         for proc in self._ranks:
             assert proc.conn is not None
             with contextlib.suppress(OSError):  # a dead rank is reported by the exit watch
-                proc.conn.send(call)
+                proc.conn.send_bytes(message)
         self._collect(results, time.monotonic() + request.timeout_s, request.timeout_s)
         outcome = WorldOutcome(spec=self.spec, results=results)
-        for rank in range(self.spec.size):
-            outcome.captures[rank] = {s: read_capture(self.dir, rank, s) for s in STREAMS}
+        for rank, result in sorted(results.items()):
+            outcome.captures[rank] = (
+                result.captured
+                if result.status not in (msg.CRASHED, msg.HUNG)
+                else {s: read_capture(self.dir, rank, s) for s in STREAMS}
+            )
         return outcome
 
     def _collect(

@@ -50,3 +50,20 @@ def test_long_capture_keeps_the_tail_and_says_how_much_was_cut(tmp_path: Path) -
     text = read_capture(tmp_path, 0, "stdout")
     assert text.startswith("[... 100 bytes cut ...]\n")
     assert text.endswith("b" * _MAX_SHOWN)
+
+
+def test_a_rank_reads_its_own_capture_of_the_last_test(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    capture = FdCapture(tmp_path, rank=1)
+    with capfd.disabled():
+        with capture.during_test():
+            print("from the first test")
+        with capture.during_test():
+            os.write(1, b"out\n")
+            os.write(2, b"a" * 7 + b"b" * _MAX_SHOWN)
+    assert capture.captured() == {
+        "stdout": "out\n",
+        "stderr": "[... 7 bytes cut ...]\n" + "b" * _MAX_SHOWN,
+    }
+    assert capture.captured()["stderr"] == read_capture(tmp_path, 1, "stderr")

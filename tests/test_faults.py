@@ -113,6 +113,12 @@ def test_world_is_kept_after_a_failure_of_every_rank_in_step(faults: InnerRun, s
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_what_a_crashed_rank_printed_is_shown(faults: InnerRun, size: int) -> None:
+    """A rank that died sent no result: its capture is read from its file."""
+    assert f"rank {last(size)} of {size} exits now" in faults.output
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_world_is_reused_between_passing_tests(faults: InnerRun, size: int) -> None:
     start, reused = pids(faults, "probe_start", size), pids(faults, "probe_reused", size)
     assert len(start) == size

@@ -115,6 +115,7 @@ def test_probe_after_failure_out_of_step(world):
 def test_exit_one_rank(world):
     record_pid(world, "exit_one_rank")
     if last_rank(world):
+        print(f"rank {world.rank} of {world.size} exits now", flush=True)
         os._exit(13)
     dist.barrier()
 
