@@ -1,6 +1,8 @@
 """Per-test overhead of the world harness against upstream's ways of running SPMD tests.
 
 The same trivial body (an all_reduce and an assert) runs as K tests through:
+  plain        no world at all: an empty pytest test in a module that imports
+               torch, the floor that pytest itself costs every kind;
   harness      this project's persistent worlds (one spawn per world size);
   spawn        a fresh spawn + init_process_group per test, as
                torch.testing._internal.common_distributed.MultiProcessTestCase does;
@@ -11,7 +13,7 @@ conftest. The first test of a session, which pays for the world's start, is
 left out; the median of the rest is the per-test cost. Two bodies are timed:
 an empty one (pure overhead) and an all_reduce (a trivial SPMD test).
 Sessions alternate between kinds and repeat; the median over repeats is
-reported.
+reported, with each kind's cost above the plain test and the ratios of both.
 
     python -m ci.bench_harness [--sizes 2,4] [--repeats 3]
 """
@@ -34,6 +36,16 @@ BODIES = {
     "empty": "pass",
     "all_reduce": "t = torch.ones(1); dist.all_reduce(t); assert t.item() == WORLD_SIZE",
 }
+
+# The floor: pytest's per-item work with torch imported (its loggers cost pytest's
+# log capture something on every test); no world, so the body is always empty.
+PLAIN_TEST = """
+import pytest, torch
+
+@pytest.mark.parametrize("i", range({count}))
+def test_trivial(i):
+    pass
+"""
 
 HARNESS_TEST = """
 import pytest, torch, torch.distributed as dist
@@ -136,6 +148,7 @@ class Kind:
 
 
 KINDS = [
+    Kind("plain", PLAIN_TEST, None, "", 60),
     Kind("harness", HARNESS_TEST, None, "world.size", 60),
     Kind("spawn", SPAWN_TEST, SPAWN_METHOD, "self.world_size", 4),
     Kind("continuous", CONTINUOUS_TEST, CONTINUOUS_METHOD, "self.world_size", 60),
@@ -179,13 +192,22 @@ def per_test_seconds(
 
 
 def report(size: int, body: str, costs: dict[str, float]) -> list[str]:
+    """Each kind's cost per test and above the plain test; ratios of both to the harness."""
+    floor = costs["plain"]
     lines = [f"world size {size}, body {body}:"]
     for name, seconds in costs.items():
-        lines.append(f"  {name:<11} {seconds * 1000:9.1f} ms per test")
+        above = "" if name == "plain" else f"  ({(seconds - floor) * 1000:.1f} ms above plain)"
+        lines.append(f"  {name:<11} {seconds * 1000:9.1f} ms per test{above}")
     harness = costs["harness"]
     for name in ("spawn", "continuous"):
         if name in costs:
-            lines.append(f"  {name} / harness = {costs[name] / harness:7.1f}x")
+            whole = f"{costs[name] / harness:7.1f}x per test"
+            net = (
+                f"{(costs[name] - floor) / (harness - floor):7.1f}x above plain"
+                if harness > floor
+                else "harness within the plain test's noise"
+            )
+            lines.append(f"  {name} / harness = {whole}, {net}")
     return lines
 
 

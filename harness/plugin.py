@@ -44,6 +44,7 @@ class _Session:
     options: WorldOptions
     pool: WorldPool | None = None  # spawn mode
     torchrun: TorchrunWorld | None = None  # torchrun mode
+    worlds_tmp: Path | None = None  # spawn mode: parent of world tests' shared tmp_paths
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,10 @@ def world(request: pytest.FixtureRequest) -> Any:
     size: int = request.param
     if state.torchrun is not None:
         return state.torchrun.context(_safe_name(request.node.nodeid))
+    if state.worlds_tmp is None:  # looked up once: a fixture lookup per test costs
+        state.worlds_tmp = request.getfixturevalue("tmp_path_factory").getbasetemp() / "worlds"
     spec = WorldSpec(state.options.backend, size)
-    basetemp = request.getfixturevalue("tmp_path_factory").getbasetemp()
-    return WorldTicket(spec=spec, tmp_path=basetemp / "worlds" / _safe_name(request.node.nodeid))
+    return WorldTicket(spec=spec, tmp_path=state.worlds_tmp / _safe_name(request.node.nodeid))
 
 
 def _safe_name(nodeid: str) -> str:
