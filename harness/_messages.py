@@ -9,17 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness._spec import WorldSpec
-
-# A rank's outcome for one test; "crashed" and "hung" are set by the controller.
-RankStatus = str
-PASSED, FAILED, SKIPPED, XFAILED, CRASHED, HUNG = (
-    "passed",
-    "failed",
-    "skipped",
-    "xfailed",
-    "crashed",
-    "hung",
-)
+from harness.outcomes import RankStatus
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ import traceback
 from dataclasses import dataclass, field
 
 from harness import _messages as msg
+from harness import outcomes
 from harness._spec import WorldSpec
+from harness.outcomes import RankStatus
 
-_SEVERITY = (msg.CRASHED, msg.HUNG, msg.FAILED)
+_SEVERITY = (outcomes.CRASHED, outcomes.HUNG, outcomes.FAILED)
 
 HEADLINE_MAX_LINES = 8
 HEADLINE_MAX_CHARS = 1000
@@ -51,14 +53,14 @@ class WorldOutcome:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> RankStatus:
         """passed, failed, skipped or xfailed: the test's single outcome."""
         statuses = {self.results[r].status for r in self.ranks}
         if len(self.results) < self.spec.size or statuses & set(_SEVERITY):
-            return msg.FAILED
+            return outcomes.FAILED
         if len(statuses) == 1:
             return statuses.pop()
-        return msg.FAILED  # ranks disagree on skip / xfail / pass
+        return outcomes.FAILED  # ranks disagree on skip / xfail / pass
 
     @property
     def ranks(self) -> list[int]:
@@ -78,9 +80,11 @@ class WorldOutcome:
         if len(results) < self.spec.size or len(statuses) != 1:
             return False
         status = statuses.pop()
-        if len({result.pg_count for result in results}) != 1 or status in (msg.CRASHED, msg.HUNG):
+        if status in (outcomes.CRASHED, outcomes.HUNG):
             return False
-        if status != msg.FAILED:
+        if len({result.pg_count for result in results}) != 1:
+            return False
+        if status != outcomes.FAILED:
             return True
         counts = {result.world_collectives for result in results}
         return self.spec.device_type == "cpu" and len(counts) == 1 and None not in counts
@@ -100,9 +104,9 @@ class WorldOutcome:
             for rank in range(self.spec.size)
             if rank not in self.results or self.results[rank].status in _SEVERITY
         ]
-        if severe or self.verdict != msg.FAILED:
+        if severe or self.verdict != outcomes.FAILED:
             return severe
-        return [rank for rank in self.ranks if self.results[rank].status != msg.PASSED]
+        return [rank for rank in self.ranks if self.results[rank].status != outcomes.PASSED]
 
     @property
     def first_failure(self) -> str:
@@ -123,7 +127,7 @@ class WorldOutcome:
         lines += self.notes
         for rank in self.ranks:
             result = self.results[rank]
-            if result.status != msg.PASSED:
+            if result.status != outcomes.PASSED:
                 lines.append(f"{'=' * 20} rank {rank}: {result.status} {'=' * 20}")
                 lines.append(result.longrepr.rstrip())
         return "\n".join(lines)
@@ -132,7 +136,7 @@ class WorldOutcome:
         by_status: dict[str, list[int]] = {}
         for rank in self.ranks:
             by_status.setdefault(self.results[rank].status, []).append(rank)
-        order = [*_SEVERITY, msg.SKIPPED, msg.XFAILED, msg.PASSED]
+        order = [*_SEVERITY, outcomes.SKIPPED, outcomes.XFAILED, outcomes.PASSED]
         return [
             f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {status}"
             for status in order

@@ -22,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from harness import _messages as msg
+from harness import outcomes
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 from harness._outcome import describe_exception
 from harness._preload import import_preloads
+from harness.outcomes import RankStatus
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
@@ -157,13 +159,14 @@ class RankLoop:
                 )
                 test = _rank_pytest.resolve_test(module, call.qualname)
                 test(world=world, **pickle.loads(call.params))
-                status, text, headline = msg.PASSED, "", ""
+                status: RankStatus = outcomes.PASSED
+                text, headline = "", ""
             except pytest.skip.Exception as exc:
-                status, text, headline = msg.SKIPPED, str(exc.msg), ""
+                status, text, headline = outcomes.SKIPPED, str(exc.msg), ""
             except pytest.xfail.Exception as exc:
-                status, text, headline = msg.XFAILED, str(exc.msg), ""
+                status, text, headline = outcomes.XFAILED, str(exc.msg), ""
             except BaseException as exc:
-                status = msg.FAILED
+                status = outcomes.FAILED
                 text = _rank_pytest.format_failure(exc, call.module_path, self.config)
                 headline = describe_exception(exc)
             finally:

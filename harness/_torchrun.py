@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import _env
+from harness import _env, outcomes
 from harness import _messages as msg
 from harness._context import WorldContext
 from harness._outcome import WorldOutcome
@@ -120,7 +120,7 @@ class TorchrunWorld:
             except RuntimeError:
                 results[rank] = msg.RankResult(
                     rank=rank,
-                    status=msg.HUNG,
+                    status=outcomes.HUNG,
                     longrepr=f"rank {rank} reported no result within {timeout_s:g} s",
                 )
         self._sequence += 1

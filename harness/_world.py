@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness import _env
+from harness import _env, outcomes
 from harness import _messages as msg
 from harness._capture import STREAMS, read_capture, stack_dump_path
 from harness._outcome import WorldOutcome, describe_exit
@@ -299,7 +299,7 @@ class World:
         for rank, result in sorted(results.items()):
             outcome.captures[rank] = (
                 result.captured
-                if result.status not in (msg.CRASHED, msg.HUNG)
+                if result.status not in (outcomes.CRASHED, outcomes.HUNG)
                 else {s: read_capture(self.dir, rank, s) for s in STREAMS}
             )
         return outcome
@@ -332,7 +332,7 @@ class World:
                     status = proc.popen.wait()
                     results[proc.rank] = msg.RankResult(
                         rank=proc.rank,
-                        status=msg.CRASHED,
+                        status=outcomes.CRASHED,
                         longrepr=f"rank {proc.rank} {describe_exit(status)} during the test",
                     )
                     crashed_at = crashed_at or time.monotonic()
@@ -358,7 +358,7 @@ class World:
         for proc in pending:
             results[proc.rank] = msg.RankResult(
                 rank=proc.rank,
-                status=msg.HUNG,
+                status=outcomes.HUNG,
                 longrepr=f"rank {proc.rank} {why}; its Python stacks:\n{stacks[proc.rank]}",
             )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness import _env
+from harness import _env, outcomes
 from harness import _messages as msg
 from harness._options import WorldOptions, add_options
 from harness._outcome import WorldOutcome, describe_exception
@@ -33,6 +33,9 @@ MARKER = "world"
 # Names of the user properties (junit XML <property> elements) a failed world test carries.
 FAILING_RANKS = "failing_ranks"  # e.g. "1,3"
 FIRST_FAILURE = "first_failure"  # the lowest failing rank and its exception in a few lines
+# (node id, world size) of each id the marker's ``applies`` left out: cells that do not exist
+# at that world size.
+NOT_APPLICABLE = pytest.StashKey[list[tuple[str, int]]]()
 # Under torchrun, how long past a test's deadline ranks wait for each other's results.
 HANG_REPORT_GRACE_S = 30.0
 
@@ -70,7 +73,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(*sizes, timeout=None): run the test body on every rank of a world of each size",
+        f"{MARKER}(*sizes, timeout=None, applies=None): run the test body on every rank of a "
+        "world of each size; applies(size, **params) -> bool leaves out the combinations that "
+        "do not exist at a size",
     )
     if _in_rank_process():
         return
@@ -135,6 +140,28 @@ def _item_size(item: pytest.Item) -> int | None:
     return size
 
 
+def _applies(item: pytest.Item) -> bool:
+    """Whether the world marker's ``applies`` (if any) keeps this size and these parameters."""
+    marker = item.get_closest_marker(MARKER)
+    applies = marker.kwargs.get("applies") if marker else None
+    if applies is None:
+        return True
+    params = dict(item.callspec.params)  # type: ignore[attr-defined]
+    return bool(applies(params.pop("world"), **params))
+
+
+def _leave_out_what_does_not_apply(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the ids whose cell does not exist at their world size: not collected, and
+    counted apart (``NOT_APPLICABLE``), never reported as skips."""
+    left_out = [item for item in items if _item_size(item) is not None and not _applies(item)]
+    config.stash[NOT_APPLICABLE] = [(item.nodeid, _item_size(item) or 0) for item in left_out]
+    if left_out:
+        dropped = set(map(id, left_out))
+        items[:] = [item for item in items if id(item) not in dropped]
+        config.hook.pytest_deselected(items=left_out)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m: count only what they kept
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     state = config.stash.get(_SESSION, None)
     if state is None:
@@ -151,9 +178,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if drop:
         config.hook.pytest_deselected(items=drop)
+    _leave_out_what_does_not_apply(config, keep)
     # Plain tests first, then world tests grouped by size: one spawn per world.
     keep.sort(key=lambda item: _item_size(item) or 0)
     items[:] = keep
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    left_out = config.stash.get(NOT_APPLICABLE, [])
+    if not left_out:
+        return None
+    return f"{len(left_out)} world test ids not applicable at their world size (not collected)"
 
 
 # ----- the fixture ------------------------------------------------------------
@@ -228,12 +263,12 @@ def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
             if text:
                 item.add_report_section("call", f"{stream} (rank {rank})", text)
     verdict = outcome.verdict
-    if verdict == msg.SKIPPED:
+    if verdict == outcomes.SKIPPED:
         # Reported at the test's location, as a skip raised in the body would be.
         raise pytest.skip.Exception(outcome.reason, _use_item_location=True)
-    if verdict == msg.XFAILED:
+    if verdict == outcomes.XFAILED:
         pytest.xfail(outcome.reason)
-    if verdict != msg.PASSED:
+    if verdict != outcomes.PASSED:
         item.user_properties.extend(_failure_properties(outcome))
         pytest.fail(outcome.failure_report(), pytrace=False)
 
@@ -277,7 +312,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         timeout = _deadline(item, state.options)
         result = msg.RankResult(
             rank=torchrun.rank,
-            status=msg.HUNG,
+            status=outcomes.HUNG,
             longrepr=f"did not finish within the {timeout:g} s deadline; stacks:\n{stacks}",
         )
         if not torchrun.is_reporter:
@@ -313,10 +348,10 @@ def pytest_runtest_makereport(
     wait_s = _deadline(item, state.options) + HANG_REPORT_GRACE_S
     outcome = state.torchrun.agree(local, timeout_s=wait_s)
     verdict = outcome.verdict
-    if verdict == msg.FAILED:
+    if verdict == outcomes.FAILED:
         report.outcome, report.longrepr = "failed", outcome.failure_report()
         report.user_properties.extend(_failure_properties(outcome))
-    elif verdict == msg.SKIPPED and report.outcome != "skipped":
+    elif verdict == outcomes.SKIPPED and report.outcome != "skipped":
         report.outcome, report.longrepr = "skipped", (str(item.path), 0, outcome.reason)
     return report
 
@@ -325,14 +360,14 @@ def _local_result(
     rank: int, report: pytest.TestReport, call: pytest.CallInfo[None]
 ) -> msg.RankResult:
     if hasattr(report, "wasxfail"):
-        return msg.RankResult(rank=rank, status=msg.XFAILED, longrepr=report.wasxfail)
+        return msg.RankResult(rank=rank, status=outcomes.XFAILED, longrepr=report.wasxfail)
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return msg.RankResult(rank=rank, status=msg.SKIPPED, longrepr=reason)
+        return msg.RankResult(rank=rank, status=outcomes.SKIPPED, longrepr=reason)
     if report.passed:
-        return msg.RankResult(rank=rank, status=msg.PASSED)
+        return msg.RankResult(rank=rank, status=outcomes.PASSED)
     text = str(report.longrepr or "")
     for name, content in report.sections:
         text += f"\n{'-' * 10} {name} {'-' * 10}\n{content}"
     summary = describe_exception(call.excinfo.value) if call.excinfo else ""
-    return msg.RankResult(rank=rank, status=msg.FAILED, longrepr=text, headline=summary)
+    return msg.RankResult(rank=rank, status=outcomes.FAILED, longrepr=text, headline=summary)

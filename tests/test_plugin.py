@@ -34,6 +34,19 @@ def test_feature_passes(features: InnerRun, name: str) -> None:
     assert features.outcome(name) == "passed", features.message(name)
 
 
+def test_combinations_that_do_not_apply_are_not_collected(features: InnerRun) -> None:
+    ran = sorted(name for name in features.cases if "parts_divide" in name)
+    assert ran == [
+        "test_only_where_the_parts_divide_the_world[w2-2]",
+        "test_only_where_the_parts_divide_the_world[w4-2]",
+        "test_only_where_the_parts_divide_the_world[w4-4]",
+    ]
+    assert all(features.outcome(name) == "passed" for name in ran)
+    assert "3 world test ids not applicable at their world size (not collected)" in (
+        features.output
+    )
+
+
 def test_subgroup_cleanup_keeps_the_world(features: InnerRun) -> None:
     # The world is recycled only after failures; a passing test that made
     # subgroups leaves a reusable world whose subgroups were destroyed.
@@ -47,7 +60,7 @@ def test_failing_assert_shows_values_per_rank(features: InnerRun) -> None:
     assert "rank 1 failed, rank 0 passed" in message
     assert "assert {'rank': 1, 'ok': True} == {'rank': 0, 'ok': True}" in message
     assert "{'rank': 1} != {'rank': 0}" in message  # pytest's own comparison explanation
-    assert "inner_plugin.py:34: AssertionError" in message
+    assert "inner_plugin.py:40: AssertionError" in message
 
 
 def test_captured_output_is_labelled_by_rank(features: InnerRun) -> None:

@@ -28,6 +28,12 @@ def test_parametrized(world, value, dtype):
     assert t.tolist() == [value * world.size] * 2
 
 
+@pytest.mark.world(1, 2, 4, applies=lambda size, parts: size % parts == 0)
+@pytest.mark.parametrize("parts", [2, 4])
+def test_only_where_the_parts_divide_the_world(world, parts):
+    assert world.size % parts == 0
+
+
 @pytest.mark.world(2)
 def test_assertion_shows_values(world):
     print(f"printed by rank {world.rank}")
