@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ci._bench_cases import BenchCase, cases
-from ci._bench_stats import IMPROVEMENT, REGRESSION, UNCHANGED, Runs, compare, ratio_interval
-from ci._replay_clock import ReplayClock
-from ci._target import SUITE_ROOT
+from ci.bench import compare as bench_compare
+from ci.bench.cases import BenchCase, cases
+from ci.bench.replay_clock import ReplayClock
+from ci.bench.stats import IMPROVEMENT, REGRESSION, UNCHANGED, Runs, compare, ratio_interval
+from ci.gate.target import SUITE_ROOT
 
 
 def _runs(median: float, seed: int, runs: int = 4, rounds: int = 10) -> Runs:
@@ -106,7 +107,7 @@ def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     out = tmp_path / "compare"
     completed = subprocess.run(
         [
-            sys.executable, "-m", "ci.bench_compare", "--runs", "2", "--warmup-runs", "0",
+            sys.executable, "-m", "ci.bench.compare", "--runs", "2", "--warmup-runs", "0",
             "--out", str(out),
             "--candidate-env", "GATE_BENCH_SLOWDOWN=3.0", "--",
             "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB",
@@ -133,7 +134,7 @@ def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
 
 
 def _collect(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pytest", "ci/benchmarks", "--collect-only", "-q", *args]
+    command = [sys.executable, "-m", "pytest", "ci/bench/benchmarks", "--collect-only", "-q", *args]
     return subprocess.run(
         [*command, "-p", "no:cacheprovider"],
         cwd=SUITE_ROOT,
@@ -145,7 +146,7 @@ def _collect(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_any_cell_of_the_matrix_can_be_benchmarked() -> None:
-    from ci._bench_cases import known_parallelisms
+    from ci.bench.cases import known_parallelisms
 
     completed = _collect("--bench-parallelisms", "all", "--bench-sizes-mib", "4")
     assert completed.returncode == 0, completed.stdout
@@ -159,3 +160,33 @@ def test_a_cell_missing_at_the_world_size_is_a_usage_error() -> None:
     completed = _collect("--bench-parallelisms", "ddp,hsdp2")
     assert completed.returncode == 4
     assert "--bench-parallelisms: ['hsdp2'] do not run at this world size" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("baseline", "candidate", "message"),
+    [
+        ({}, {}, "no benchmark ran on either build"),
+        ({"copy-4MiB": [(1.0, 1.1)]}, {}, "copy-4MiB (only in the baseline)"),
+        (
+            {"copy-4MiB": [(1.0,)]},
+            {"copy-4MiB": [(1.0,)], "gather-4MiB": [(2.0,)]},
+            "gather-4MiB (only in the candidate)",
+        ),
+    ],
+)
+def test_a_comparison_with_nothing_to_judge_fails(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    baseline: dict[str, list[tuple[float, ...]]],
+    candidate: dict[str, list[tuple[float, ...]]],
+    message: str,
+) -> None:
+    """Every benchmark skipped on a side, or one missing there, is a failure, not 'no
+    regression'."""
+    runs_of = {"baseline": baseline, "candidate": candidate}
+    torch_of = {"baseline": "2.13.0", "candidate": "2.13.0"}
+    monkeypatch.setattr(bench_compare, "interleaved", lambda *args: (runs_of, torch_of))
+    status = bench_compare.main(["--out", str(tmp_path)])
+    assert status == bench_compare.NOTHING_COMPARED_EXIT != 0
+    assert message in capsys.readouterr().err

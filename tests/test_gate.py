@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ci._gate_results import GateResults, TestResult
-from ci._target import SUITE_ROOT
+from ci.gate.results import GateResults, TestResult
+from ci.gate.target import SUITE_ROOT
 from tests._inner import INNER_DIR
 
 # Set by CI, where a missing browser must fail the render test rather than skip it.
@@ -82,12 +82,21 @@ def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
     assert outcomes == {
         "test_agreeing_state_dicts[w1]": "passed",
         "test_agreeing_state_dicts[w2]": "passed",
+        "test_cell_that_exists_at_two_ranks_only_in_hsdp2[w1-ddp]": "passed",
+        "test_cell_that_exists_at_two_ranks_only_in_hsdp2[w2-ddp]": "passed",
+        "test_cell_that_exists_at_two_ranks_only_in_hsdp2[w2-hsdp2]": "passed",
         "test_rank_one_differs[w2-ddp]": "failed",
         "test_rank_one_differs[w2-fsdp2]": "failed",
         "test_cell_missing_at_this_size[w2]": "skipped",
         "test_known_divergence[w2]": "xfailed",
         "test_plain_failure": "failed",
     }
+
+
+def test_cells_that_do_not_exist_at_a_size_are_counted_apart_not_skipped(gate: GateRun) -> None:
+    assert gate.results.not_applicable == {"hsdp2": {1: 1}}
+    assert gate.results.cells()["hsdp2"] == {2: 1}
+    assert gate.results.cells()["ddp"] == {1: 1, 2: 2}
 
 
 def test_a_world_failure_names_the_rank_the_key_and_the_values(gate: GateRun) -> None:
@@ -159,16 +168,21 @@ def test_junit_xml_carries_the_failing_ranks(gate: GateRun) -> None:
 
 
 def test_the_terminal_shows_progress_and_a_summary_table(gate: GateRun) -> None:
-    assert "[gate] 3/7 tests done, 1 failed, world gloo w2" in gate.output
+    assert "[gate] 4/10 tests done, 1 failed, world gloo w2" in gate.output
     assert "gate summary" in gate.output
     (total,) = [line for line in gate.output.splitlines() if line.startswith("total ")]
-    assert total.split() == ["total", "2", "3", "0", "0", "1", "1"]
+    # Columns in OUTCOMES' order: failed, error, xpassed, passed, xfailed, skipped.
+    assert total.split() == ["total", "3", "0", "0", "5", "1", "1"]
 
 
 def test_the_markdown_report(gate: GateRun) -> None:
     report = (gate.out / "report.md").read_text()
     assert report.startswith("# State-dict conformance gate: FAILED (3 failing test ids)")
-    assert "| ddp | ✘1 |" in report
+    assert "| ddp | ✘1 ✔2 |" in report
+    assert "| hsdp2 | ✔1 |" in report
+    assert "Not applicable (not collected): 1." in report
+    assert "| hsdp2 | - (+1 n/a) | 1 |" in report
+    assert "| ddp | 1 | 2 |" in report
     assert "| other | ✘1 ✔2 xf1 s1 |" in report
     assert "### `inner_gate.py::test_rank_one_differs[w2-ddp]`" in report
     assert "- outcome: failed; ranks: 1" in report

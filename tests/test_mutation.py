@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ci import _mutation_report as report
-from ci import mutation
-from ci._mutation_run import RunResult, RunSettings, raised_in_a_mutant
-from ci._target import SUITE_ROOT
-from ci.mutants import UPSTREAM_MODULES, catalogue
+from ci.gate.target import SUITE_ROOT
+from ci.mutation import cli as mutation
+from ci.mutation import report
+from ci.mutation.mutants import UPSTREAM_MODULES, catalogue
+from ci.mutation.run import RunResult, RunSettings, raised_in_a_mutant
 
 
 def _python(code: str) -> str:
@@ -40,7 +40,7 @@ def test_every_mutant_replaces_its_target_in_its_module():
     replaced = json.loads(
         _python("""
             import json
-            from ci.mutants import apply, catalogue
+            from ci.mutation.mutants import apply, catalogue
             print(json.dumps({name: apply(m) for name, m in catalogue().items()}))
         """)
     )
@@ -55,7 +55,7 @@ def test_local_mutants_misbehave_as_named():
     _python("""
         import torch
         from torch.distributed import _state_dict_utils as utils
-        from ci.mutants import apply, catalogue
+        from ci.mutation.mutants import apply, catalogue
 
         mutants = catalogue()
         flat, _ = utils._flatten_state_dict({"a": {"b": torch.ones(1)}})

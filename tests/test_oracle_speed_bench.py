@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ci._oracle_bench import OPERATIONS, OracleCase, cases
-from ci._target import SUITE_ROOT
+from ci.bench.oracle_cases import OPERATIONS, OracleCase, cases
+from ci.gate.target import SUITE_ROOT
 
 
 def test_cases_cover_every_operation_in_both_layouts() -> None:
@@ -40,7 +40,7 @@ def test_a_run_times_every_implementation_and_prints_the_ratios_of_its_medians(
     tmp_path: Path,
 ) -> None:
     raw = tmp_path / "oracle.json"
-    command = [sys.executable, "-m", "pytest", "ci/benchmarks/test_oracle_speed.py", "-q"]
+    command = [sys.executable, "-m", "pytest", "ci/bench/benchmarks/test_oracle_speed.py", "-q"]
     command += ["-p", "no:cacheprovider", "--oracle-sizes-mib=1", "--bench-rounds=2"]
     completed = subprocess.run(
         [*command, f"--benchmark-json={raw}"],

@@ -109,3 +109,35 @@ def test_oracle_never_imports_the_upstream_modules_it_models() -> None:
     for source in Path(reference_impl.__file__).parent.glob("*.py"):
         imported = imported_modules(source.read_text())
         assert not imported & FORBIDDEN, f"{source.name} imports {sorted(imported & FORBIDDEN)}"
+
+
+def test_conformance_public_names() -> None:
+    import conformance
+
+    assert sorted(conformance.__all__) == [
+        "APPLIED_MANIFESTS",
+        "EXERCISED_APIS",
+        "MLPWithBuffers",
+        "PARALLELISMS",
+        "Parallelism",
+        "UNUSED_ENTRIES",
+        "batch",
+        "dcp",
+        "dsd",
+        "lookup",
+        "sdu",
+    ]
+
+
+def test_ci_uses_only_the_public_surface_of_the_suite() -> None:
+    """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.plugin`` and
+    ``harness.outcomes`` are public modules), never their private modules."""
+    ci_root = Path(__file__).resolve().parents[1] / "ci"
+    for source in ci_root.rglob("*.py"):
+        private = sorted(
+            name
+            for name in imported_modules(source.read_text())
+            if name.split(".")[0] in ("conformance", "harness")
+            and any(part.startswith("_") for part in name.split(".")[1:2])
+        )
+        assert not private, f"{source.relative_to(ci_root.parent)} imports {private}"

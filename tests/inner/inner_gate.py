@@ -18,6 +18,12 @@ def test_rank_one_differs(world, cell):
     assert_state_dict_equal({"fc1.weight": value}, {"fc1.weight": torch.tensor([1.0, 2.0])})
 
 
+@pytest.mark.world(1, 2, applies=lambda size, cell: size == 2 or cell == "ddp")
+@pytest.mark.parametrize("cell", ["ddp", "hsdp2"])
+def test_cell_that_exists_at_two_ranks_only_in_hsdp2(world, cell):
+    assert world.size in (1, 2)
+
+
 @pytest.mark.world(2)
 def test_cell_missing_at_this_size(world):
     pytest.skip("this cell runs at world sizes (4,)")

@@ -1,0 +1,181 @@
+"""Compare two torch builds' state-dict benchmarks on one machine, runs interleaved.
+
+    python -m ci.bench.compare --baseline-python A/bin/python --candidate-python B/bin/python \\
+        [--runs 6] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+
+Each python is an environment with a torch build and this suite installed. After a
+warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
+falls on both builds. Writes
+``raw/`` (pytest-benchmark JSON per run), a PNG per benchmark, ``report.md`` and
+``report.html``; exits 1 when a benchmark's ratio interval lies above the threshold, and 2
+when a benchmark ran on one build only or none ran at all (nothing to judge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ci.bench import report as bench_report
+from ci.bench.stats import REGRESSION, Comparison, compare
+from ci.gate.target import SUITE_ROOT
+
+REGRESSION_EXIT = 1
+NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
+# The builds' own operations; the oracle's speed says nothing about a build.
+STATE_DICT_OPS = "ci/bench/benchmarks/test_state_dict_ops.py"
+
+
+@dataclass(frozen=True)
+class Build:
+    """One side of the comparison: an interpreter and the environment variables it runs with."""
+
+    label: str
+    python: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    found = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, got {pair!r}")
+        found[key] = value
+    return found
+
+
+def run_benchmarks(build: Build, run: int, out: Path, pytest_args: list[str]) -> Path:
+    """One pytest-benchmark run of the state-dict operations' benchmarks under ``build``;
+    its JSON's path."""
+    name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
+    raw = out / "raw" / f"{name}.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    command = [build.python, "-m", "pytest", STATE_DICT_OPS, "-q", "-p", "no:cacheprovider"]
+    command += [f"--benchmark-json={raw}", "--benchmark-save-data", *pytest_args]
+    completed = subprocess.run(
+        command,
+        cwd=SUITE_ROOT,
+        env={**os.environ, **build.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0 or not raw.exists():
+        output = (completed.stdout + completed.stderr)[-4000:]
+        raise SystemExit(f"{build.label} run {run} failed ({completed.returncode}):\n{output}")
+    return raw
+
+
+def _timings(path: Path) -> tuple[dict[str, list[float]], str]:
+    data = json.loads(path.read_text())
+    timings = {b["param"]: list(b["stats"]["data"]) for b in data["benchmarks"]}
+    versions = {b["extra_info"]["torch"] for b in data["benchmarks"]}
+    return timings, ", ".join(sorted(versions))
+
+
+def interleaved(
+    baseline: Build, candidate: Build, runs: int, warmup_runs: int, out: Path, args: list[str]
+) -> tuple[dict[str, dict[str, list[tuple[float, ...]]]], dict[str, str]]:
+    """Each benchmark's rounds per build and run, over ``runs`` runs in the order
+    A B B A A B ..., after ``warmup_runs`` unrecorded runs of each build (file caches,
+    imports: the first run on a machine is slower, whichever build it is)."""
+    runs_of: dict[str, dict[str, list[tuple[float, ...]]]] = {
+        baseline.label: {},
+        candidate.label: {},
+    }
+    torch_of: dict[str, str] = {}
+    for run in range(-warmup_runs, runs):
+        order = (baseline, candidate) if run % 2 == 0 else (candidate, baseline)
+        for build in order:
+            what = "warm-up" if run < 0 else f"run {run + 1}/{runs}"
+            print(f"bench_compare: {what}: {build.label}", flush=True)
+            timings, torch_of[build.label] = _timings(run_benchmarks(build, run, out, args))
+            if run < 0:
+                continue
+            for name, values in timings.items():
+                runs_of[build.label].setdefault(name, []).append(tuple(values))
+    return runs_of, torch_of
+
+
+def _describe(build: Build, torch_version: str) -> str:
+    env = " ".join(f"{k}={v}" for k, v in build.env.items())
+    return f"torch {torch_version} ({build.python}{', ' + env if env else ''})"
+
+
+def _unmatched_message(
+    runs_of: dict[str, dict[str, list[tuple[float, ...]]]], unmatched: list[str]
+) -> str:
+    """Why the comparison cannot be judged: no benchmark ran, or some ran on one side only."""
+    if not runs_of["baseline"] and not runs_of["candidate"]:
+        return "no benchmark ran on either build: nothing was compared"
+    sides = {name: "baseline" if name in runs_of["baseline"] else "candidate" for name in unmatched}
+    listed = ", ".join(f"{name} (only in the {side})" for name, side in sides.items())
+    return f"benchmarks missing on one side: {listed}" if unmatched else "nothing was compared"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ci.bench.compare", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--baseline-python", default=sys.executable)
+    parser.add_argument("--candidate-python", default=sys.executable)
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--runs", type=int, default=6, help="runs per build (default 6)")
+    parser.add_argument(
+        "--warmup-runs", type=int, default=1, help="unrecorded runs per build first (default 1)"
+    )
+    parser.add_argument("--threshold", type=float, default=1.05, help="slowdown ratio to fail")
+    parser.add_argument("--out", type=Path, default=Path("bench-compare"))
+    parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
+    args = parser.parse_args(argv)
+    baseline = Build("baseline", args.baseline_python, _env_pairs(args.baseline_env))
+    candidate = Build("candidate", args.candidate_python, _env_pairs(args.candidate_env))
+    out: Path = args.out.resolve()
+    runs_of, torch_of = interleaved(
+        baseline, candidate, args.runs, args.warmup_runs, out, args.pytest_args
+    )
+    unmatched = sorted(set(runs_of["baseline"]) ^ set(runs_of["candidate"]))
+    if unmatched or not runs_of["baseline"]:
+        print(f"bench_compare: {_unmatched_message(runs_of, unmatched)}", file=sys.stderr)
+        return NOTHING_COMPARED_EXIT
+    comparisons: list[Comparison] = [
+        compare(
+            name,
+            tuple(runs_of["baseline"][name]),
+            tuple(runs_of["candidate"][name]),
+            args.threshold,
+        )
+        for name in runs_of["baseline"]
+    ]
+    plots = {}
+    for comparison in comparisons:
+        png = f"{comparison.name}.png"
+        bench_report.plot(comparison, out / png)
+        plots[comparison.name] = png
+    builds = bench_report.Builds(
+        _describe(baseline, torch_of["baseline"]),
+        _describe(candidate, torch_of["candidate"]),
+        args.runs,
+        args.threshold,
+    )
+    (out / "report.md").write_text(bench_report.markdown(comparisons, builds, plots))
+    (out / "report.html").write_text(bench_report.html(comparisons, builds, plots))
+    for comparison in comparisons:
+        print(
+            f"{comparison.name:<40} x{comparison.ratio:.3f} "
+            f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict}"
+        )
+    print(f"bench_compare: wrote {out / 'report.md'} and {out / 'report.html'}")
+    regressions = [c for c in comparisons if c.verdict == REGRESSION]
+    return REGRESSION_EXIT if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

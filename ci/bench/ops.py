@@ -1,0 +1,127 @@
+"""The state-dict operations the benchmarks time, set up on each rank for one case.
+
+``prepare`` builds the inputs once and returns the operation as a callable that each
+round times; a round may change its inputs in place (a load, a broadcast) but never
+their shapes, so every round does the same work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ci.bench.cases import OPS, BenchCase
+from conformance import dcp, dsd, lookup
+
+MIB = 1 << 20
+TENSOR_BYTES = 256 * 1024  # utilities run on many tensors, as a model's state dict has
+SLOWDOWN_ENV = "GATE_BENCH_SLOWDOWN"  # e.g. 0.10: every timed torch function 10% slower
+
+
+def prepare(case: BenchCase, world: Any, workdir: Path) -> Callable[[], object]:
+    """The operation of ``case`` on this rank, its inputs ready."""
+    install_slowdown(float(os.environ.get(SLOWDOWN_ENV, "0")))
+    function = lookup(*OPS[case.op])
+    if case.parallelism is None:
+        return _utility(case, function, world)
+    return _model_op(case, function, world, workdir)
+
+
+def _tensors(case: BenchCase, device: Any, fill: float = 1.0) -> dict[str, Any]:
+    import torch
+
+    count = max(1, case.size_mib * MIB // TENSOR_BYTES)
+    shape = (64, TENSOR_BYTES // 4 // 64)
+    return {f"layer{i}.weight": torch.full(shape, fill, device=device) for i in range(count)}
+
+
+def _sharded(state: dict[str, Any], world: Any) -> dict[str, Any]:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = world.mesh(world.size, ("dp",))
+    return {key: distribute_tensor(value, mesh, [Shard(0)]) for key, value in state.items()}
+
+
+def _utility(case: BenchCase, function: Callable[..., Any], world: Any) -> Callable[[], object]:
+    """Inputs on the world's device (a GPU under NCCL); copies go into a CPU companion."""
+    import torch
+
+    device = world.device
+    source = _tensors(case, device)
+    if case.op == "gather":
+        sharded = _sharded(source, world)
+        return lambda: function(sharded)
+    if case.op in ("offload", "create_cpu"):
+        return lambda: function(source)
+    if case.op == "copy":
+        companion = _tensors(case, torch.device("cpu"), fill=0.0)
+        return lambda: function(source, companion)
+    if case.op == "broadcast":
+        local = _tensors(case, device, fill=0.0)
+        full = source if world.rank == 0 else {}
+        return lambda: function(full, local, device=device)
+    local_shards = _sharded(_tensors(case, device, fill=0.0), world)
+    return lambda: function(source, local_shards, device=device)  # distribute
+
+
+def _model_op(
+    case: BenchCase, function: Callable[..., Any], world: Any, workdir: Path
+) -> Callable[[], object]:
+    import torch
+
+    from conformance import PARALLELISMS, MLPWithBuffers, batch
+
+    hidden = case.size_mib * MIB // 4 // 13  # fc1 (7 + 1) and fc2 (5) values per unit
+    torch.manual_seed(0)
+    model = PARALLELISMS[str(case.parallelism)].wrap(MLPWithBuffers(hidden).to(world.device), world)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(batch(0).to(world.device)).sum().backward()
+    optimizer.step()
+    get_state_dict = dsd.get_state_dict
+    if case.op == "get_state_dict":
+        return lambda: function(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    if case.op == "set_state_dict":
+        # Fresh outer dicts each round: torch 2.13 renames a DDP caller's keys in place
+        # (see test_set_state_dict_leaves_the_callers_dicts_unchanged).
+        return lambda: function(
+            model,
+            optimizer,
+            model_state_dict=dict(model_state),
+            optim_state_dict={**optim_state, "state": dict(optim_state["state"])},
+        )
+    state = {"model": model_state, "optim": optim_state}
+    checkpoint = workdir / case.name
+    if case.op == "dcp_save":
+        return lambda: function(state, checkpoint_id=checkpoint)
+    dcp.save(state, checkpoint_id=checkpoint)
+    return lambda: function(state, checkpoint_id=checkpoint)  # dcp_load
+
+
+def install_slowdown(fraction: float) -> None:
+    """Make every timed torch function sleep ``fraction`` of its own duration after it runs:
+    a regression of known size, for showing that a comparison flags it."""
+    if fraction <= 0:
+        return
+    import importlib
+
+    for module_name, name in OPS.values():
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        if getattr(original, "_slowed_by", None) is not None:
+            continue
+        setattr(module, name, _slowed(original, fraction))
+
+
+def _slowed(function: Callable[..., Any], fraction: float) -> Callable[..., Any]:
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        time.sleep(fraction * (time.perf_counter() - start))
+        return result
+
+    slowed._slowed_by = fraction  # type: ignore[attr-defined]
+    return slowed

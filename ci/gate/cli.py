@@ -1,0 +1,91 @@
+"""The gate's entry point: run the conformance suite, write junit XML, results and reports.
+
+    python -m ci.gate --backend gloo --world-sizes 1,2,4 --out gate-report [-- PYTEST_ARGS]
+
+writes into ``--out``: ``junit.xml``, ``results.json`` (every test id: outcome, duration,
+failing ranks, first difference, rerun command; the execution target), ``report.md`` and
+``report.html``. Its exit status is pytest's, or 3 when pytest wrote no results at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ci.gate import report_html, report_markdown
+from ci.gate.report_content import content
+from ci.gate.results import GateResults
+from ci.gate.target import SUITE_ROOT
+
+NO_RESULTS_EXIT = 3
+MANIFEST_ENV = "GATE_MANIFEST"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ci.gate", description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--world-sizes", default="1,2,4", help="comma-separated, e.g. 1,2,4")
+    parser.add_argument("--out", type=Path, default=Path("gate-report"), help="output folder")
+    parser.add_argument(
+        "--manifest",
+        action="append",
+        default=[path for path in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if path],
+        metavar="PATH",
+        help="known-divergence manifest(s), replacing the torch version's own; repeatable "
+        f"(default: ${MANIFEST_ENV}, paths separated by {os.pathsep!r})",
+    )
+    parser.add_argument(
+        "--require-devices", action="store_true", help="fail, not skip, worlds without devices"
+    )
+    parser.add_argument(
+        "pytest_args",
+        nargs="*",
+        help="after --: more pytest arguments; test paths among them replace conformance/",
+    )
+    return parser
+
+
+def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """The pytest run of the gate: the suite, the options, and the recorder plugin."""
+    extra: list[str] = args.pytest_args
+    names_tests = any(
+        not arg.startswith("-") and (SUITE_ROOT / arg.split("::")[0]).exists() for arg in extra
+    )
+    command = [sys.executable, "-m", "pytest", *([] if names_tests else ["conformance"])]
+    # Paths go in --option=value form: pytest takes a separate path argument as a test path
+    # when it picks the rootdir, and node ids (and manifest patterns) are relative to it.
+    command += [f"--backend={args.backend}", f"--world-sizes={args.world_sizes}"]
+    command += [f"--junitxml={out / 'junit.xml'}", "-p", "ci.gate.recorder"]
+    command += [f"--gate-results={out / 'results.json'}"]
+    command += [f"--manifest={Path(manifest).resolve()}" for manifest in args.manifest]
+    if args.require_devices:
+        command.append("--require-devices")
+    return command + extra
+
+
+def write_reports(results: GateResults, out: Path) -> list[Path]:
+    """``report.md`` and ``report.html`` of ``results`` in ``out``."""
+    report = content(results)
+    markdown, html = out / "report.md", out / "report.html"
+    markdown.write_text(report_markdown.render(report))
+    html.write_text(report_html.render(report))
+    return [markdown, html]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results_path.unlink(missing_ok=True)
+    status = subprocess.run(pytest_command(args, out), cwd=SUITE_ROOT, check=False).returncode
+    if not results_path.exists():
+        print(f"gate: pytest exited with {status} and wrote no results to {out}", file=sys.stderr)
+        return status or NO_RESULTS_EXIT
+    results = GateResults.load(results_path)
+    for path in [out / "junit.xml", results_path, *write_reports(results, out)]:
+        print(f"gate: wrote {path}")
+    return status

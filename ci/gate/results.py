@@ -1,0 +1,135 @@
+"""The gate's machine-readable results: one record per test id, the target, the manifests.
+
+The pytest plugin in ``_recorder`` writes them as JSON; the reports are rendered from that
+file alone, so a report can be remade (or two runs compared) without torch installed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ci.gate.target import ExecutionTarget
+from harness.outcomes import OUTCOMES, Outcome, is_failure
+
+NO_PARALLELISM = "other"  # test ids that name no parallelism: utilities, single process
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """How one test id ended, and what a reader needs to act on it."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str
+    outcome: Outcome
+    duration_s: float
+    check: str  # the test module, without ``test_``: what is being checked
+    parallelism: str  # the matrix cell named in the id, or NO_PARALLELISM
+    world_size: int | None  # None for tests that run in the controller alone
+    failing_ranks: tuple[int, ...] = ()
+    first_failure: str = ""  # the lowest failing rank's exception: key path and values
+    reason: str = ""  # why it was skipped or is expected to fail
+    rerun: str = ""  # the command that reruns this test id alone
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"{self.nodeid}: outcome must be one of {OUTCOMES}")
+
+    @property
+    def is_failure(self) -> bool:
+        return is_failure(self.outcome)
+
+
+def count_by_parallelism_and_size(
+    cells: Iterable[tuple[str, int]],
+) -> dict[str, dict[int, int]]:
+    """How many of ``cells`` (parallelism, world size) there are, by parallelism then size."""
+    nested: dict[str, dict[int, int]] = {}
+    for (parallelism, size), count in sorted(Counter(cells).items()):
+        nested.setdefault(parallelism, {})[size] = count
+    return nested
+
+
+@dataclass(frozen=True)
+class UnusedEntry:
+    """A manifest entry that matched no collected test: stale, or a typo in its pattern."""
+
+    source: str
+    pattern: str
+
+
+@dataclass
+class GateResults:
+    """Everything one gate run found."""
+
+    target: ExecutionTarget
+    exit_status: int
+    duration_s: float
+    manifests: list[str] = field(default_factory=list)
+    unused_entries: list[UnusedEntry] = field(default_factory=list)
+    tests: list[TestResult] = field(default_factory=list)
+    # Ids not collected because their cell does not exist at their world size, counted by
+    # parallelism, then world size.
+    not_applicable: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[TestResult]:
+        return [test for test in self.tests if test.is_failure]
+
+    def totals(self) -> Counter[str]:
+        return Counter(test.outcome for test in self.tests)
+
+    def matrix(self) -> dict[str, dict[str, Counter[str]]]:
+        """Outcome counts by parallelism, then by check; parallelisms and checks sorted."""
+        cells: dict[str, dict[str, Counter[str]]] = {}
+        for test in sorted(self.tests, key=lambda t: (t.parallelism, t.check)):
+            cells.setdefault(test.parallelism, {}).setdefault(test.check, Counter())[
+                test.outcome
+            ] += 1
+        return cells
+
+    def cells(self) -> dict[str, dict[int, int]]:
+        """Test ids run by parallelism, then world size (ids run in the controller alone are
+        left out); parallelisms and sizes sorted."""
+        return count_by_parallelism_and_size(
+            (test.parallelism, test.world_size) for test in self.tests if test.world_size
+        )
+
+    def checks(self) -> list[str]:
+        return sorted({test.check for test in self.tests})
+
+    def save(self, path: Path) -> None:
+        data = {
+            "target": self.target.to_json(),
+            "exit_status": self.exit_status,
+            "duration_s": self.duration_s,
+            "manifests": self.manifests,
+            "unused_entries": [asdict(entry) for entry in self.unused_entries],
+            "tests": [asdict(test) for test in self.tests],
+            "not_applicable": self.not_applicable,
+        }
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> GateResults:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return cls(
+            target=ExecutionTarget.from_json(data["target"]),
+            exit_status=data["exit_status"],
+            duration_s=data["duration_s"],
+            manifests=data["manifests"],
+            unused_entries=[UnusedEntry(**entry) for entry in data["unused_entries"]],
+            tests=[
+                TestResult(**{**test, "failing_ranks": tuple(test["failing_ranks"])})
+                for test in data["tests"]
+            ],
+            not_applicable={
+                parallelism: {int(size): count for size, count in by_size.items()}
+                for parallelism, by_size in data.get("not_applicable", {}).items()
+            },
+        )

@@ -1,0 +1,271 @@
+"""Mutants of ``torch/distributed/checkpoint/state_dict.py``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.nn.modules.module import _IncompatibleKeys
+
+from ci.mutation.mutants import CHECKPOINT_STATE_DICT, mutant_maker
+
+Fn = Callable[..., Any]
+GET_SET = "conformance/test_get_set_state_dict.py"
+MODELS = "conformance/test_model_matrix.py"
+FULL = "conformance/test_full_state_dict.py"
+FAILURES = "conformance/test_upstream_failures.py"
+
+
+@contextlib.contextmanager
+def _changed(info: Any, **fields: Any) -> Iterator[None]:
+    """``info``'s fields set to ``fields`` for the duration of one call."""
+    before = {name: getattr(info, name) for name in fields}
+    for name, value in fields.items():
+        setattr(info, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(info, name, value)
+
+
+def _fqns_keeping(prefix_flag: str) -> Callable[[Fn], Fn]:
+    def mutate(original: Fn) -> Fn:
+        def fqns(model: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+            names = ("dsd_fqn_modifiers", "skip_ddp_prefix", "skip_compiler_prefix")
+            call = dict(zip(names, args, strict=False)) | kwargs
+            return original(model, name, **{**call, prefix_flag: False})
+
+        return fqns
+
+    return mutate
+
+
+def _frozen_params_kept(original: Fn) -> Fn:
+    def get(model: Any, info: Any) -> Any:
+        with _changed(info, ignore_frozen_params=False):
+            return original(model, info)
+
+    return get
+
+
+def _full_offloaded_on_every_rank(original: Fn) -> Fn:
+    def full_or_cpu(state_dict: dict[str, Any], info: Any) -> Any:
+        if not info.full_state_dict:
+            return original(state_dict, info)
+        from torch.distributed import _state_dict_utils
+
+        return _state_dict_utils._gather_state_dict(state_dict, cpu_offload=info.cpu_offload)
+
+    return full_or_cpu
+
+
+def _without_keys(drop: Callable[[str, Any, dict[str, Any]], bool]) -> Callable[[Fn], Fn]:
+    """A model getter whose result loses each key ``drop(key, value, kept_so_far)`` names."""
+
+    def mutate(original: Fn) -> Fn:
+        def get(model: Any, info: Any) -> dict[str, Any]:
+            kept: dict[str, Any] = {}
+            for key, value in original(model, info).items():
+                if not drop(key, value, kept):
+                    kept[key] = value
+            return kept
+
+        return get
+
+    return mutate
+
+
+def _is_extra_state(key: str, value: Any, kept: dict[str, Any]) -> bool:
+    return key.endswith("_extra_state")
+
+
+def _is_a_second_name(key: str, value: Any, kept: dict[str, Any]) -> bool:
+    """The value views the same memory as an earlier key's (a tied parameter's second FQN)."""
+    return any(_same_memory(value, earlier) for earlier in kept.values())
+
+
+def _same_memory(one: Any, other: Any) -> bool:
+    one, other = (v.to_local() if isinstance(v, DTensor) else v for v in (one, other))
+    if type(one) is not torch.Tensor or type(other) is not torch.Tensor or not one.numel():
+        return False
+    return (one.data_ptr(), one.shape, one.stride()) == (
+        other.data_ptr(),
+        other.shape,
+        other.stride(),
+    )
+
+
+def _groups_reversed(original: Fn) -> Fn:
+    def call(*args: Any) -> Any:
+        result = original(*args)
+        if isinstance(result, dict) and len(result.get("param_groups", [])) > 1:
+            result["param_groups"] = result["param_groups"][::-1]
+        return result
+
+    return call
+
+
+def _first_state_dropped(original: Fn) -> Fn:
+    def split(*args: Any) -> Any:
+        result = original(*args)
+        if result.get("state"):
+            del result["state"][next(iter(result["state"]))]
+        return result
+
+    return split
+
+
+def _frozen_state_dropped(original: Fn) -> Fn:
+    def split(model: Any, optim: Any, optim_state_dict: Any, info: Any) -> Any:
+        result = original(model, optim, optim_state_dict, info)
+        frozen = {
+            fqn
+            for group in optim.param_groups
+            for param in group["params"]
+            if not param.requires_grad
+            for fqn in info.fqn_param_mapping[param]
+        }
+        result["state"] = {key: v for key, v in result["state"].items() if key not in frozen}
+        return result
+
+    return split
+
+
+def _step_dropped(original: Fn) -> Fn:
+    def get(*args: Any) -> Any:
+        result = original(*args)
+        for entry in result.get("state", {}).values():
+            entry.pop("step", None)
+        return result
+
+    return get
+
+
+def _no_lazy_init(original: Fn) -> Fn:
+    def init(optim: Any) -> None:
+        """Nothing: an optimizer that has not stepped keeps an empty state."""
+
+    return init
+
+
+def _flat_keys_with_slashes(original: Fn) -> Fn:
+    def flatten(state_dict: dict[str, Any]) -> dict[str, Any]:
+        return {key.replace(".", "/", 1): value for key, value in original(state_dict).items()}
+
+    return flatten
+
+
+def _strict_ignores_unexpected(original: Fn) -> Fn:
+    def load(model: Any, state_dict: dict[str, Any], info: Any) -> Any:
+        if not info.strict:
+            return original(model, state_dict, info)
+        with _changed(info, strict=False):
+            keys = original(model, state_dict, info)
+        if keys.missing_keys:
+            raise RuntimeError(f"Missing key(s) in state_dict: {keys.missing_keys}")
+        return _IncompatibleKeys(keys.missing_keys, [])
+
+    return load
+
+
+_mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
+
+MUTANTS = [
+    _mutant(
+        "ddp_prefix_kept",
+        "_get_fqns",
+        "the `module.` prefix of DDP is not stripped from FQNs",
+        _fqns_keeping("skip_ddp_prefix"),
+    ),
+    _mutant(
+        "compile_prefix_kept",
+        "_get_fqns",
+        "the `_orig_mod.` prefix of torch.compile is not stripped from FQNs",
+        _fqns_keeping("skip_compiler_prefix"),
+        MODELS,
+    ),
+    _mutant(
+        "ignore_frozen_params_ignored",
+        "_get_model_state_dict",
+        "ignore_frozen_params=True still saves frozen parameters",
+        _frozen_params_kept,
+        MODELS,
+    ),
+    _mutant(
+        "full_offloaded_state_dict_on_every_rank",
+        "_maybe_full_or_cpu_state_dict",
+        "full_state_dict with cpu_offload keeps the result on every rank, not rank 0 only",
+        _full_offloaded_on_every_rank,
+    ),
+    _mutant(
+        "extra_state_dropped",
+        "_get_model_state_dict",
+        "a module's get_extra_state is left out of the model state dict",
+        _without_keys(_is_extra_state),
+        MODELS,
+    ),
+    _mutant(
+        "shared_parameter_saved_under_one_fqn",
+        "_get_model_state_dict",
+        "a tied parameter is saved under its first FQN only",
+        _without_keys(_is_a_second_name),
+        MODELS,
+    ),
+    _mutant(
+        "param_groups_reversed_on_get",
+        "_get_optim_state_dict",
+        "param groups are returned in the reverse order",
+        _groups_reversed,
+    ),
+    _mutant(
+        "step_dropped_on_get",
+        "_get_optim_state_dict",
+        "each parameter's optimizer `step` is left out",
+        _step_dropped,
+    ),
+    _mutant(
+        "optimizer_lazy_init_skipped",
+        "_init_optim_state",
+        "an optimizer that has not stepped yet is saved with empty state",
+        _no_lazy_init,
+    ),
+    _mutant(
+        "flattened_optimizer_keys_joined_with_a_slash",
+        "_flatten_optim_state_dict",
+        "flattened optimizer keys are joined as 'state/fqn.name' instead of 'state.fqn.name'",
+        _flat_keys_with_slashes,
+    ),
+    _mutant(
+        "param_groups_reversed_on_load",
+        "_split_optim_state_dict",
+        "saved param groups are mapped onto the optimizer's groups in the reverse order",
+        _groups_reversed,
+    ),
+    _mutant(
+        "first_parameters_state_dropped_on_load",
+        "_split_optim_state_dict",
+        "the first parameter's saved optimizer state is not loaded",
+        _first_state_dropped,
+    ),
+    _mutant(
+        "frozen_parameters_state_dropped_on_load",
+        "_split_optim_state_dict",
+        "the saved optimizer state of frozen parameters is not loaded",
+        _frozen_state_dropped,
+        equivalent=(
+            "torch 2.13 already behaves so (pytorch#192202): "
+            "test_upstream_failures.py::test_frozen_parameters_keep_their_optimizer_state_on_load "
+            "fails on the unmutated build and is a known failure in its manifest"
+        ),
+    ),
+    _mutant(
+        "strict_load_ignores_unexpected_keys",
+        "_load_model_state_dict",
+        "strict loading raises on missing keys but accepts unexpected ones",
+        _strict_ignores_unexpected,
+    ),
+]
