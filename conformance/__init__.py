@@ -1,1 +1,26 @@
-"""The conformance suite that judges the torch build under test."""
+"""The conformance suite that judges the torch build under test.
+
+What ``ci`` (the gate, the probe, the benchmarks) uses of the suite is exported here; the
+suite's own tests import its private modules directly.
+"""
+
+from __future__ import annotations
+
+from conformance._manifest import APPLIED_MANIFESTS, UNUSED_ENTRIES
+from conformance._parallelisms import PARALLELISMS, Parallelism
+from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
+from conformance.models.common import MLPWithBuffers, batch
+
+__all__ = [
+    "APPLIED_MANIFESTS",
+    "EXERCISED_APIS",
+    "PARALLELISMS",
+    "UNUSED_ENTRIES",
+    "MLPWithBuffers",
+    "Parallelism",
+    "batch",
+    "dcp",
+    "dsd",
+    "lookup",
+    "sdu",
+]

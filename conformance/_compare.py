@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.tensor import DTensor
+
+from conformance._upstream import dtensor, sharded_tensor
 
 
 def assert_state_dict_equal(
@@ -75,9 +75,9 @@ def assert_no_state_tensors_overlap(state: Mapping[str, Mapping[str, Any]]) -> N
 
 def _local_tensors(value: Any) -> list[torch.Tensor]:
     """The tensors a state value holds on this rank (none for non-tensors)."""
-    if isinstance(value, ShardedTensor):
+    if isinstance(value, sharded_tensor.ShardedTensor):
         return [shard.tensor for shard in value.local_shards()]
-    if isinstance(value, DTensor):
+    if isinstance(value, dtensor.DTensor):
         return [value.to_local()]
     return [value] if isinstance(value, torch.Tensor) else []
 
@@ -121,9 +121,9 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
             )
         for index, (a, b) in enumerate(zip(torch_result, oracle_result, strict=True)):
             assert_trees_identical(a, b, f"{path}[{index}]")
-    elif isinstance(oracle_result, ShardedTensor):
+    elif isinstance(oracle_result, sharded_tensor.ShardedTensor):
         _assert_same_sharded_tensor(torch_result, oracle_result, path)
-    elif isinstance(oracle_result, DTensor):
+    elif isinstance(oracle_result, dtensor.DTensor):
         if torch_result.device_mesh != oracle_result.device_mesh:
             raise AssertionError(f"{path}: meshes differ")
         if tuple(torch_result.placements) != tuple(oracle_result.placements):
@@ -146,7 +146,9 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
 
 
 def _assert_same_sharded_tensor(
-    torch_result: ShardedTensor, oracle_result: ShardedTensor, path: str
+    torch_result: sharded_tensor.ShardedTensor,
+    oracle_result: sharded_tensor.ShardedTensor,
+    path: str,
 ) -> None:
     """By metadata and local shards: comparing ShardedTensors as tensors needs an accelerator."""
     if torch_result.metadata() != oracle_result.metadata():

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from conformance._upstream import dcp, dsd
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer)
     return {"model": model_state, "optim": optim_state}
 
 
@@ -31,6 +31,6 @@ def load_checkpoint(
     """Load ``path`` into the model and optimizer (``kwargs`` go to ``dcp.load``)."""
     state = _dcp_state(model, optimizer)
     dcp.load(state, checkpoint_id=path, **kwargs)
-    set_state_dict(
+    dsd.set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

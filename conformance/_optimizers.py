@@ -35,18 +35,8 @@ class OptimizerRecipe:
     def applies_to(self, parallelism: Parallelism) -> bool:
         return not (self.per_layer_groups and parallelism.flat_params)
 
-    def skip_unless_covered(
-        self, cell: Parallelism, world_size: int, every_size: bool = False
-    ) -> None:
-        """Skip the calling test unless this recipe runs on ``cell`` at ``world_size``.
-
-        It runs at the cell's smallest world size above one rank (at every size
-        the cell has if ``every_size``), and only where it applies to the cell.
-        """
-        cell.skip_unless_supported(world_size)
-        smallest = min(size for size in cell.sizes if size >= 2)
-        if world_size != smallest and not every_size:
-            pytest.skip(f"{self.name} is covered at world size {smallest}")
+    def skip_unless_applies(self, cell: Parallelism) -> None:
+        """Skip the calling test where this recipe does not apply to ``cell``."""
         if not self.applies_to(cell):
             pytest.skip("flat parameters span layers: no per-layer param groups")
 

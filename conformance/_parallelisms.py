@@ -1,6 +1,6 @@
 """The parallelisms of the matrix: how each wraps a model, and at which world sizes it exists.
 
-Every wrapper takes a freshly seeded model of ``conformance._models`` and the
+Every wrapper takes a freshly seeded model of ``conformance.models.common`` and the
 rank's world context, and returns the parallelised model. A model names its
 ``units`` (the submodules a nested wrapping wraps on their own) and, where
 tensor parallelism applies to it, its ``tp_plan()``. Each wrapper is a cell a
@@ -17,6 +17,7 @@ import pytest
 from torch import nn
 
 from conformance._subworld import SubWorld
+from conformance._upstream import ddp, fsdp, quiet_deprecations, tensor_parallel
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
 
@@ -49,10 +50,46 @@ class Parallelism:
     def supports(self, world_size: int) -> bool:
         return world_size in self.sizes
 
-    def skip_unless_supported(self, world_size: int) -> None:
-        """Skip the calling test, with the reason, at a world size this cell lacks."""
+    @property
+    def first_size(self) -> int:
+        """The smallest world size above one rank at which the cell runs: where tests that
+        need not run at every size cover it."""
+        return min(size for size in self.sizes if size >= 2)
+
+    def require(self, world_size: int) -> None:
+        """Refuse a world size the cell lacks: the test's ``applies`` should have left it out."""
         if not self.supports(world_size):
-            pytest.skip(f"{self.name} runs at world sizes {self.sizes}")
+            raise ValueError(
+                f"{self.name} runs at world sizes {self.sizes}, not {world_size}: give the "
+                "test's world marker applies=exists_at_size(...) or first_size_only(...)"
+            )
+
+
+Applies = Callable[..., bool]  # the world marker's ``applies(size, **params)``
+
+
+def exists_at_size(param: str = "name") -> Applies:
+    """``applies`` for the world marker: the cell named by the parametrize argument ``param``
+    runs at the world size. Ids of cells that do not are not collected."""
+
+    def applies(size: int, **params: Any) -> bool:
+        return PARALLELISMS[params[param]].supports(size)
+
+    return applies
+
+
+def first_size_only(param: str = "name", every_size_if: dict[str, Any] | None = None) -> Applies:
+    """``applies`` for the world marker: only the cell's ``first_size``, or every size it has
+    where the parameters match ``every_size_if`` (e.g. ``{"recipe": "adam"}``)."""
+
+    def applies(size: int, **params: Any) -> bool:
+        cell = PARALLELISMS[params[param]]
+        everywhere = every_size_if is not None and all(
+            params[key] == value for key, value in every_size_if.items()
+        )
+        return cell.supports(size) and (everywhere or size == cell.first_size)
+
+    return applies
 
 
 TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
@@ -64,35 +101,30 @@ def comparison_tolerance(*cells: Parallelism) -> dict[str, float]:
 
 
 def _ddp(model: nn.Module, world: Any) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
+    return ddp.DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
 
 
 def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
-        import warnings
-
-        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
         hybrid = strategy == "HYBRID_SHARD"
         options: dict[str, Any] = {
             "device_id": world.device,
             "use_orig_params": use_orig_params,
-            "sharding_strategy": ShardingStrategy[strategy],
+            "sharding_strategy": fsdp.ShardingStrategy[strategy],
         }
         mesh = _hybrid_mesh(world) if hybrid else None
         if isinstance(world, SubWorld):
             options["process_group"] = world.group
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD is deprecated
+        with quiet_deprecations():
             if nested:
                 for unit in units(model):
-                    wrapped = FullyShardedDataParallel(
+                    wrapped = fsdp.FullyShardedDataParallel(
                         model.get_submodule(unit), device_mesh=mesh, **options
                     )
                     _replace_submodule(model, unit, wrapped)
-            return FullyShardedDataParallel(model, device_mesh=mesh, **options)
+            return fsdp.FullyShardedDataParallel(model, device_mesh=mesh, **options)
 
     return wrap
 
@@ -104,14 +136,13 @@ def _hybrid_mesh(world: Any) -> Any:
 
 def _fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
 
         mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
         for unit in units(model):
-            fully_shard(
+            fsdp.fully_shard(
                 model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward
             )
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fsdp.fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
         return model
 
     return wrap
@@ -129,12 +160,11 @@ def _replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
 
 
 def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
-    from torch.distributed.tensor.parallel import parallelize_module
 
     plan = getattr(model, "tp_plan", None)
     if plan is None:
         pytest.skip(f"{type(model).__name__} has no tensor-parallel plan")
-    return parallelize_module(model, mesh, plan())
+    return tensor_parallel.parallelize_module(model, mesh, plan())
 
 
 def _tp(model: nn.Module, world: Any) -> nn.Module:
@@ -142,13 +172,12 @@ def _tp(model: nn.Module, world: Any) -> nn.Module:
 
 
 def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
 
     mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
     model = _tensor_parallel(model, mesh["tp"])
     for unit in units(model):
-        fully_shard(model.get_submodule(unit), mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+        fsdp.fully_shard(model.get_submodule(unit), mesh=mesh["dp"])
+    fsdp.fully_shard(model, mesh=mesh["dp"])
     return model
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+
+from conformance._upstream import device_mesh
 
 
 @dataclass
@@ -48,11 +49,11 @@ class SubWorld:
 
     def mesh(
         self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None
-    ) -> DeviceMesh:
+    ) -> device_mesh.DeviceMesh:
         """A 1-D mesh over the members (the parallelisms loaded here need no more)."""
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         if dims != (self.size,):
             raise ValueError(f"a sub-world mesh is 1-D over {self.size} ranks, not {dims}")
-        return DeviceMesh.from_group(
+        return device_mesh.DeviceMesh.from_group(
             self.group, self.world.device_type, mesh=list(range(self.size)), mesh_dim_names=names
         )

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 from hypothesis import strategies as st
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.placement_types import _StridedShard
 
+from conformance._upstream import dtensor, dtensor_placements
 from reference_impl import local_piece
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool)
@@ -35,7 +34,7 @@ class DTensorSpec:
     dtype: torch.dtype
     seed: int
     mesh: str
-    placements: tuple[Placement, ...]
+    placements: tuple[dtensor.Placement, ...]
 
 
 def full_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -47,21 +46,21 @@ def full_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.
     return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
 
 
-def placements_for(mesh_name: str, ndim: int) -> list[tuple[Placement, ...]]:
+def placements_for(mesh_name: str, ndim: int) -> list[tuple[dtensor.Placement, ...]]:
     """The placements the design names, that a tensor of ``ndim`` dims can take."""
     if mesh_name == "dp":
-        options: list[tuple[Placement, ...]] = [(Replicate(),)]
-        options += [(Shard(d),) for d in range(ndim)]
+        options: list[tuple[dtensor.Placement, ...]] = [(dtensor.Replicate(),)]
+        options += [(dtensor.Shard(d),) for d in range(ndim)]
         return options
     if ndim == 0:
-        return [(Replicate(), Replicate())]
+        return [(dtensor.Replicate(), dtensor.Replicate())]
     options = [
-        (Replicate(), Shard(0)),
-        (Shard(0), Replicate()),
-        (_StridedShard(0, split_factor=2), Shard(0)),
+        (dtensor.Replicate(), dtensor.Shard(0)),
+        (dtensor.Shard(0), dtensor.Replicate()),
+        (dtensor_placements._StridedShard(0, split_factor=2), dtensor.Shard(0)),
     ]
     if ndim >= 2:
-        options.append((Shard(0), Shard(1)))
+        options.append((dtensor.Shard(0), dtensor.Shard(1)))
     return options
 
 
@@ -139,15 +138,15 @@ class Builder:
             return io.BytesIO(spec.data)
         return spec
 
-    def dtensor(self, spec: DTensorSpec) -> DTensor:
+    def dtensor(self, spec: DTensorSpec) -> torch.Tensor:
         mesh = self.meshes[spec.mesh]
         full = full_tensor(spec.shape, spec.dtype, spec.seed).to(self.device)
-        if any(isinstance(p, _StridedShard) for p in spec.placements):
+        if any(isinstance(p, dtensor_placements._StridedShard) for p in spec.placements):
             # distribute_tensor cannot lay out strided shards; place the piece by hand,
             # in its own memory as distribute_tensor's pieces are (a piece that is a view
             # at an offset is a case of its own: test_upstream_failures' ..._is_a_view).
             piece = local_piece(full, mesh, spec.placements).clone()
-            return DTensor.from_local(
+            return dtensor.DTensor.from_local(
                 piece,
                 mesh,
                 spec.placements,
@@ -155,7 +154,7 @@ class Builder:
                 shape=full.shape,
                 stride=full.stride(),
             )
-        return distribute_tensor(full, mesh, list(spec.placements))
+        return dtensor.distribute_tensor(full, mesh, list(spec.placements))
 
 
 def world_meshes(world: Any) -> dict[str, Any]:

@@ -1,72 +1,28 @@
-"""The torch build's functions under test, found by introspection.
+"""The one path from the suite to the torch build under test.
 
-A function missing from the build under test is a skip that says which
-function and which torch, never an error.
+Every torch API the suite judges (all of ``torch.distributed`` below its core of process
+groups and collectives, and ``torch.nn.parallel``) is reached through a namespace of this
+module, looked up when a test calls it, never imported at module top or inline:
+
+    from conformance._upstream import dsd
+    dsd.get_model_state_dict(model, options=dsd.StateDictOptions(full_state_dict=True))
+
+A name the build lacks is a skip of the calling test that names it, never a collection error;
+``python -m ci.gate.probe`` lists every declared name with its signature or ``MISSING``.
+``tests/test_one_path_to_torch.py`` holds the suite to this.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
-
-STATE_DICT_UTILS = "torch.distributed._state_dict_utils"
-DSD = "torch.distributed.checkpoint.state_dict"
-FSDP1 = "torch.distributed.fsdp"
-_FSDP1_CLASS = "FullyShardedDataParallel"
-
-# The torch APIs the gate exercises, as (module, dotted name): what ``python -m ci.probe``
-# looks up in the build under test.
-EXERCISED_APIS: tuple[tuple[str, str], ...] = (
-    *(
-        (STATE_DICT_UTILS, name)
-        for name in (
-            "_iterate_state_dict",
-            "_gather_state_dict",
-            "_offload_state_dict_to_cpu",
-            "_copy_state_dict",
-            "_create_cpu_state_dict",
-            "_check_state_dict_similarity",
-            "_broadcast_state_dict",
-            "_distribute_state_dict",
-            "_flatten_state_dict",
-            "_unflatten_state_dict",
-        )
-    ),
-    *(
-        (DSD, name)
-        for name in (
-            "StateDictOptions",
-            "get_model_state_dict",
-            "get_optimizer_state_dict",
-            "get_state_dict",
-            "set_model_state_dict",
-            "set_optimizer_state_dict",
-            "set_state_dict",
-        )
-    ),
-    *(
-        (FSDP1, f"{_FSDP1_CLASS}.{name}")
-        for name in (
-            "state_dict_type",
-            "optim_state_dict",
-            "optim_state_dict_to_load",
-            "full_optim_state_dict",
-            "sharded_optim_state_dict",
-            "shard_full_optim_state_dict",
-            "scatter_full_optim_state_dict",
-            "flatten_sharded_optim_state_dict",
-            "rekey_optim_state_dict",
-        )
-    ),
-    (FSDP1, "fully_shard"),
-    ("torch.distributed.tensor.parallel", "parallelize_module"),
-    ("torch.distributed.checkpoint", "save"),
-    ("torch.distributed.checkpoint", "load"),
-)
 
 
 def lookup(module: str, name: str) -> Any:
@@ -78,12 +34,152 @@ def lookup(module: str, name: str) -> Any:
     return found
 
 
-def upstream(module: str, name: str) -> Callable[..., Any]:
-    """``module.name`` from the torch under test, or skip naming what is missing."""
-    if (module, name) not in EXERCISED_APIS:
-        raise ValueError(f"{module}.{name} is not in EXERCISED_APIS: add it, for the probe")
-    try:
-        found = lookup(module, name)
-    except (ImportError, AttributeError):
-        pytest.skip(f"torch {torch.__version__} has no {module}.{name}")
-    return found  # type: ignore[no-any-return]
+@contextlib.contextmanager
+def quiet_deprecations() -> Iterator[None]:
+    """Torch APIs that announce their own deprecation (FSDP1's legacy optimizer APIs and
+    configs, NO_SHARD, ShardedTensor) called without their FutureWarning: the suite judges
+    them for as long as a release ships them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+@dataclass(frozen=True)
+class TorchModule:
+    """One torch module under judgement and the names the suite uses from it.
+
+    Attribute access (``dsd.get_state_dict``) and ``get`` (dotted names such as
+    ``FullyShardedDataParallel.optim_state_dict``) look the name up in the torch under test at
+    call time; a missing one skips the calling test, naming it. Undeclared names are refused,
+    so the probe's list stays complete.
+    """
+
+    path: str
+    names: tuple[str, ...]
+
+    def get(self, name: str) -> Any:
+        if name not in self.names:
+            raise ValueError(
+                f"{self.path}.{name} is not declared in conformance._upstream: add it, "
+                "for the probe"
+            )
+        try:
+            return lookup(self.path, name)
+        except (ImportError, AttributeError):
+            pytest.skip(f"torch {torch.__version__} has no {self.path}.{name}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and inspect probe dunders
+            raise AttributeError(name)
+        return self.get(name)
+
+
+def full_options(**options: Any) -> Any:
+    """``StateDictOptions(full_state_dict=True, **options)`` of the torch under test."""
+    return dsd.StateDictOptions(full_state_dict=True, **options)
+
+
+_FSDP1 = "FullyShardedDataParallel"
+
+sdu = TorchModule(
+    "torch.distributed._state_dict_utils",
+    (
+        "_iterate_state_dict",
+        "_gather_state_dict",
+        "_offload_state_dict_to_cpu",
+        "_copy_state_dict",
+        "_create_cpu_state_dict",
+        "_check_state_dict_similarity",
+        "_broadcast_state_dict",
+        "_distribute_state_dict",
+        "_flatten_state_dict",
+        "_unflatten_state_dict",
+        "CompanionMismatch",
+    ),
+)
+dsd = TorchModule(
+    "torch.distributed.checkpoint.state_dict",
+    (
+        "StateDictOptions",
+        "get_model_state_dict",
+        "get_optimizer_state_dict",
+        "get_state_dict",
+        "set_model_state_dict",
+        "set_optimizer_state_dict",
+        "set_state_dict",
+    ),
+)
+dcp = TorchModule("torch.distributed.checkpoint", ("save", "load"))
+fsdp = TorchModule(
+    "torch.distributed.fsdp",
+    (
+        _FSDP1,
+        *(
+            f"{_FSDP1}.{name}"
+            for name in (
+                "state_dict_type",
+                "optim_state_dict",
+                "optim_state_dict_to_load",
+                "full_optim_state_dict",
+                "sharded_optim_state_dict",
+                "shard_full_optim_state_dict",
+                "scatter_full_optim_state_dict",
+                "flatten_sharded_optim_state_dict",
+                "rekey_optim_state_dict",
+            )
+        ),
+        "fully_shard",
+        "ShardingStrategy",
+        "StateDictType",
+        "StateDictConfig",
+        "OptimStateKeyType",
+        "FullStateDictConfig",
+        "ShardedStateDictConfig",
+        "LocalStateDictConfig",
+        "FullOptimStateDictConfig",
+        "ShardedOptimStateDictConfig",
+        "MixedPrecision",
+        "CPUOffload",
+    ),
+)
+fsdp_wrap = TorchModule("torch.distributed.fsdp.wrap", ("ModuleWrapPolicy",))
+dtensor = TorchModule(
+    "torch.distributed.tensor",
+    ("DTensor", "Placement", "Replicate", "Shard", "distribute_tensor"),
+)
+dtensor_placements = TorchModule("torch.distributed.tensor.placement_types", ("_StridedShard",))
+tensor_parallel = TorchModule(
+    "torch.distributed.tensor.parallel",
+    ("parallelize_module", "ColwiseParallel", "RowwiseParallel"),
+)
+device_mesh = TorchModule("torch.distributed.device_mesh", ("DeviceMesh",))
+sharded_tensor = TorchModule(
+    "torch.distributed._shard.sharded_tensor",
+    ("ShardedTensor", "Shard", "ShardMetadata", "init_from_local_shards"),
+)
+ddp = TorchModule("torch.nn.parallel", ("DistributedDataParallel",))
+activation_checkpointing = TorchModule(
+    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+    ("apply_activation_checkpointing", "checkpoint_wrapper", "CheckpointImpl"),
+)
+dist_optim = TorchModule("torch.distributed.optim", ("_NamedOptimizer",))
+
+MODULES: tuple[TorchModule, ...] = (
+    sdu,
+    dsd,
+    dcp,
+    fsdp,
+    fsdp_wrap,
+    dtensor,
+    dtensor_placements,
+    tensor_parallel,
+    device_mesh,
+    sharded_tensor,
+    ddp,
+    activation_checkpointing,
+    dist_optim,
+)
+# The torch APIs the gate exercises, as (module, dotted name): what the probe looks up.
+EXERCISED_APIS: tuple[tuple[str, str], ...] = tuple(
+    (module.path, name) for module in MODULES for name in module.names
+)

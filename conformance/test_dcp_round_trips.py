@@ -3,6 +3,11 @@
 A checkpoint saved under one parallelism and world size loads under another
 and every value survives; after a load, training goes on exactly as if the
 model had never been saved.
+
+DCP save → load restores every value and training then continues exactly as without the
+save, for every parallelism; resharding loads at 4 → 2 ranks and 4 → 1 (rank 0 alone,
+``no_dist``) and 2 → 4, across parallelisms (FSDP1 → FSDP2, DDP → FSDP2, FSDP2+TP → TP, TP →
+DDP, ...).
 """
 
 from __future__ import annotations
@@ -12,15 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, save_checkpoint
-from conformance._models import seeded_mlp, train
-from conformance._parallelisms import PARALLELISMS, comparison_tolerance
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._subworld import SubWorld
-
-FULL = StateDictOptions(full_state_dict=True)
+from conformance._upstream import dsd, full_options
+from conformance.models.common import seeded_mlp, train
 
 
 def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -31,7 +34,7 @@ def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.
 
 
 def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-    model_state, optim_state = get_state_dict(model, optimizer, options=FULL)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
     return copy.deepcopy(model_state), copy.deepcopy(optim_state["state"])
 
 
@@ -40,10 +43,9 @@ def _assert_full_equal(actual: tuple[Any, Any], expected: tuple[Any, Any], **tol
     assert_state_dict_equal(actual[1], expected[1], **tolerance)
 
 
-@pytest.mark.world(1, 2, 4)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
-    PARALLELISMS[name].skip_unless_supported(world.size)
     model, optimizer = _model_and_optimizer(name, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")

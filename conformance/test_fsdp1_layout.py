@@ -11,32 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import reference_impl as ri
 from conformance._fsdp1 import FSDP1_CELLS
-from conformance._models import SEED, seeded_mlp
-from conformance._parallelisms import PARALLELISMS
+from conformance._parallelisms import PARALLELISMS, exists_at_size
+from conformance.models import fsdp1_small as small
+from conformance.models.common import seeded_mlp
 
-
-class Tiny(nn.Module):
-    """Six parameter elements in all: at 4 ranks some shards hold nothing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(1, 1)
-        self.fc2 = nn.Linear(1, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.fc1(x))
-
-
-def seeded_tiny() -> Tiny:
-    torch.manual_seed(SEED)
-    return Tiny()
-
-
-MODELS = {"mlp": seeded_mlp, "tiny": seeded_tiny}
+MODELS = {"mlp": seeded_mlp, "tiny": small.seeded_tiny}
 
 
 def _their_slices(shard: ri.FlatParamShard) -> dict[str, ri.ParamSlice]:
@@ -51,11 +33,11 @@ def _their_slices(shard: ri.FlatParamShard) -> dict[str, ri.ParamSlice]:
     }
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_flat_shards_hold_what_the_layout_says(world, name, model_name):
-    PARALLELISMS[name].skip_unless_supported(world.size)
+    PARALLELISMS[name].require(world.size)
     model = PARALLELISMS[name].parallelise(MODELS[model_name](), world)
     originals = dict(MODELS[model_name]().named_parameters())
     shards = ri.flat_param_shards(model)

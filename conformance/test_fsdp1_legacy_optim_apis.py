@@ -6,6 +6,15 @@
 exist in torch; forks keep them for older checkpoints. Each is run on every
 FSDP1 cell after two Adam steps and must equal the oracle on the same
 instance; an API missing from the build is a skip that names it.
+
+In detail: the older entry points forks keep for old checkpoints, on every FSDP1 cell at 2
+and 4 ranks: ``full_optim_state_dict`` (every rank, rank 0 only) and
+``sharded_optim_state_dict`` against the oracle; ``shard_full_``, ``scatter_full_`` (rank 0
+alone passes the state) and ``flatten_sharded_optim_state_dict`` conversions against the
+oracle's, then loaded back; ``rekey_optim_state_dict`` to parameter IDs (loads into an
+unwrapped model's Adam as the single-process state) and to names (then sharded, equal to the
+cell's own optimizer state), and both ways for an optimizer not stepped yet, whose param
+groups need re-keying all the same. A missing API is a skip that names it.
 """
 
 from __future__ import annotations
@@ -15,20 +24,20 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import OptimStateKeyType
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._fsdp1 import FSDP1_CELLS, legacy_api, state_names_sorted
-from conformance._models import ground_truth, seeded_mlp, train
+from conformance._fsdp1 import FSDP1_CELLS, fsdp1_api, state_names_sorted
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS
+from conformance._parallelisms import PARALLELISMS, exists_at_size
+from conformance._upstream import fsdp
+from conformance.models.common import ground_truth, seeded_mlp, train
 
 STEPS = 2
 
 
 def _trained(world: Any, name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    PARALLELISMS[name].skip_unless_supported(world.size)
+    PARALLELISMS[name].require(world.size)
     model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
@@ -47,13 +56,13 @@ SAVES: dict[str, tuple[str, dict[str, Any], dict[str, bool]]] = {
 }
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("api", sorted(SAVES))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_legacy_save_matches_the_oracle(world, name, api):
     model, optimizer = _trained(world, name)
     function, kwargs, options = SAVES[api]
-    theirs = legacy_api(function)(model, optimizer, **kwargs)
+    theirs = fsdp1_api(function)(model, optimizer, **kwargs)
     ours = ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True, **options)
     assert_trees_identical(theirs, ours)
 
@@ -67,13 +76,13 @@ LOADS = {
 
 
 def _legacy_load(api: str, saved: Any, model: Any, optimizer: Any, rank: int) -> Any:
-    function = legacy_api(api)
+    function = fsdp1_api(api)
     if api == "scatter_full_optim_state_dict":
         return function(saved if rank == 0 else None, model, optim=optimizer)
     return function(saved, model, optim=optimizer)
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("api", sorted(LOADS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_legacy_load_matches_the_oracle(world, name, api):
@@ -102,7 +111,7 @@ def _single_process_adam() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_rekey_to_ids_matches_the_oracle(world, name):
     """FQN-keyed state re-keyed to IDs for an unwrapped model loads into its optimizer as is.
@@ -113,11 +122,15 @@ def test_rekey_to_ids_matches_the_oracle(world, name):
     model, optimizer = _trained(world, name)
     full = ri.fsdp_optim_state_dict(model, optimizer)
     plain, plain_optimizer = _single_process_adam()
-    rekey = legacy_api("rekey_optim_state_dict")
-    theirs = rekey(full, OptimStateKeyType.PARAM_ID, plain, optim=plain_optimizer)
-    ours = ri.fsdp_rekey_optim_state_dict(full, OptimStateKeyType.PARAM_ID, plain, plain_optimizer)
+    rekey = fsdp1_api("rekey_optim_state_dict")
+    theirs = rekey(full, fsdp.OptimStateKeyType.PARAM_ID, plain, optim=plain_optimizer)
+    ours = ri.fsdp_rekey_optim_state_dict(
+        full, fsdp.OptimStateKeyType.PARAM_ID, plain, plain_optimizer
+    )
     assert_trees_identical(theirs, ours)
-    by_wrapped = ri.fsdp_rekey_optim_state_dict(full, OptimStateKeyType.PARAM_ID, model, optimizer)
+    by_wrapped = ri.fsdp_rekey_optim_state_dict(
+        full, fsdp.OptimStateKeyType.PARAM_ID, model, optimizer
+    )
     assert_trees_identical(by_wrapped, ours)
     fresh, _ = OPTIMIZERS["adam"].build(plain)
     fresh.load_state_dict(ours)
@@ -126,7 +139,7 @@ def test_rekey_to_ids_matches_the_oracle(world, name):
     assert_state_dict_equal({names[p]: s for p, s in fresh.state.items()}, truth.optimizer_state)
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
     """An unwrapped model's ID-keyed state, re-keyed to FQNs and sharded for an FSDP1 model,
@@ -134,13 +147,13 @@ def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
     model, optimizer = _trained(world, name)
     plain, plain_optimizer = _single_process_adam()
     saved = plain_optimizer.state_dict()
-    rekey = legacy_api("rekey_optim_state_dict")
-    theirs = rekey(saved, OptimStateKeyType.PARAM_NAME, plain, optim=plain_optimizer)
+    rekey = fsdp1_api("rekey_optim_state_dict")
+    theirs = rekey(saved, fsdp.OptimStateKeyType.PARAM_NAME, plain, optim=plain_optimizer)
     ours = ri.fsdp_rekey_optim_state_dict(
-        saved, OptimStateKeyType.PARAM_NAME, plain, plain_optimizer
+        saved, fsdp.OptimStateKeyType.PARAM_NAME, plain, plain_optimizer
     )
     assert_trees_identical(theirs, ours)
-    sharded = legacy_api("shard_full_optim_state_dict")(
+    sharded = fsdp1_api("shard_full_optim_state_dict")(
         copy.deepcopy(theirs), model, optim=optimizer
     )
     our_sharded = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(ours))
@@ -160,26 +173,26 @@ def test_rekey_of_an_optimizer_not_stepped_yet(world, to):
     assert not by_ids["state"]
     names = {param: fqn for fqn, param in plain.named_parameters()}
     by_names = ri.fsdp_rekey_optim_state_dict(
-        by_ids, OptimStateKeyType.PARAM_NAME, plain, plain_optimizer
+        by_ids, fsdp.OptimStateKeyType.PARAM_NAME, plain, plain_optimizer
     )
     assert [group["params"] for group in by_names["param_groups"]] == [
         sorted(names[param] for param in group["params"]) for group in plain_optimizer.param_groups
     ]
     assert_trees_identical(
         ri.fsdp_rekey_optim_state_dict(
-            by_names, OptimStateKeyType.PARAM_ID, plain, plain_optimizer
+            by_names, fsdp.OptimStateKeyType.PARAM_ID, plain, plain_optimizer
         ),
         by_ids,
     )
-    rekey = legacy_api("rekey_optim_state_dict")
+    rekey = fsdp1_api("rekey_optim_state_dict")
     given, key_type, expected = {
-        "names": (by_ids, OptimStateKeyType.PARAM_NAME, by_names),
-        "ids": (by_names, OptimStateKeyType.PARAM_ID, by_ids),
+        "names": (by_ids, fsdp.OptimStateKeyType.PARAM_NAME, by_names),
+        "ids": (by_names, fsdp.OptimStateKeyType.PARAM_ID, by_ids),
     }[to]
     theirs = rekey(copy.deepcopy(given), key_type, plain, optim=plain_optimizer)
     assert_trees_identical(theirs, expected)
     if to == "names":
         model = PARALLELISMS["fsdp1_full_shard_orig"].parallelise(seeded_mlp(), world)
         optimizer, _ = OPTIMIZERS["adam_groups"].build(model)
-        sharded = legacy_api("shard_full_optim_state_dict")(theirs, model, optim=optimizer)
+        sharded = fsdp1_api("shard_full_optim_state_dict")(theirs, model, optim=optimizer)
         assert_trees_identical(sharded, optimizer.state_dict())

@@ -12,91 +12,62 @@ input, on every rank. FULL_STATE_DICT with
 ``offload_to_cpu`` is left to ``test_upstream_failures.py``
 (``test_fsdp1_full_offloaded_state_dict_equals_single_process``): on this
 build it crashes a rank.
+
+In detail: ``model.state_dict()`` inside ``FSDP.state_dict_type`` for FULL (every rank,
+``rank0_only``), SHARDED and LOCAL (each on device and offloaded) against
+``reference_impl.fsdp_state_dict`` on the same model, for every FSDP1 cell at 2 and 4 ranks
+(LOCAL refuses the HYBRID cells' device mesh, in both); the oracle's full state dict (on
+device, offloaded, and ``rank0_only``: global rank 0 alone) against the single-process
+model; float16 mixed-precision buffers with an ignored module, every type against torch and
+buffers saved in their float32 dtype; one saved FULL, SHARDED or LOCAL state dict loaded by
+torch and by ``reference_impl.fsdp_load_state_dict`` into fresh models must write identical
+flat shards (the saved values, zero padding) and train on identically; and the oracle's
+errors for a missing parameter, a wrong shape, another model's state dict and keys present
+on some ranks only, raised on every rank. FULL with ``offload_to_cpu`` is covered by
+``test_upstream_failures.py`` (it crashes a rank on this build).
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import (
-    FullStateDictConfig,
-    FullyShardedDataParallel,
-    LocalStateDictConfig,
-    MixedPrecision,
-    ShardedStateDictConfig,
-    StateDictConfig,
-    StateDictType,
-)
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._fsdp1 import FSDP1_CELLS
-from conformance._models import ground_truth, seeded_mlp, train
-from conformance._parallelisms import PARALLELISMS
+from conformance._fsdp1 import (
+    FSDP1_CELLS,
+    MODEL_KINDS,
+    model_settings,
+    oracle_model_state_dict,
+    torch_model_load,
+    torch_model_state_dict,
+)
+from conformance._parallelisms import PARALLELISMS, exists_at_size
+from conformance._upstream import fsdp, quiet_deprecations
+from conformance.models.common import ground_truth, seeded_mlp, train
 
-# Each kind's type and a factory of its config: FSDP1 writes into the configs it is given.
-KINDS: dict[str, tuple[StateDictType, Callable[[], StateDictConfig]]] = {
-    "full": (StateDictType.FULL_STATE_DICT, FullStateDictConfig),
-    "full_rank0_only": (
-        StateDictType.FULL_STATE_DICT,
-        lambda: FullStateDictConfig(rank0_only=True),
-    ),
-    "sharded": (StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig),
-    "sharded_offloaded": (
-        StateDictType.SHARDED_STATE_DICT,
-        lambda: ShardedStateDictConfig(offload_to_cpu=True),
-    ),
-    "local": (StateDictType.LOCAL_STATE_DICT, LocalStateDictConfig),
-    "local_offloaded": (
-        StateDictType.LOCAL_STATE_DICT,
-        lambda: LocalStateDictConfig(offload_to_cpu=True),
-    ),
-}
 LOAD_KINDS = ["full", "sharded", "local"]
 
 
 def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
     """The cell's model after ``steps`` Adam steps (none: as freshly wrapped)."""
     cell = PARALLELISMS[name]
-    cell.skip_unless_supported(world.size)
+    cell.require(world.size)
     model = cell.parallelise(seeded_mlp(), world)
     if steps:
         train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps)
     return model
 
 
-def _refused(name: str, state_dict_type: StateDictType) -> bool:
+def _refused(name: str, state_dict_type: fsdp.StateDictType) -> bool:
     """LOCAL_STATE_DICT refuses modules given a device mesh (our HYBRID_SHARD cells).
 
     NO_SHARD modules give a full state dict whatever type is asked for.
     """
-    return state_dict_type == StateDictType.LOCAL_STATE_DICT and "hybrid" in name
-
-
-def _torch_state_dict(model: Any, kind: str) -> dict[str, Any]:
-    state_dict_type, config = KINDS[kind]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, state_dict_type, config()):
-            return dict(model.state_dict())
-
-
-def _torch_load(model: Any, state_dict: dict[str, Any], kind: str) -> None:
-    state_dict_type, config = KINDS[kind]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, state_dict_type, config()):
-            model.load_state_dict(state_dict)
-
-
-def _oracle_state_dict(model: Any, kind: str) -> dict[str, Any]:
-    state_dict_type, config = KINDS[kind]
-    return ri.fsdp_state_dict(model, state_dict_type, config())
+    return state_dict_type == fsdp.StateDictType.LOCAL_STATE_DICT and "hybrid" in name
 
 
 def _by_key(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -104,41 +75,41 @@ def _by_key(state_dict: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(state_dict.items()))
 
 
-@pytest.mark.world(2, 4)
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.world(2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("kind", MODEL_KINDS)
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_state_dict_type_matches_the_oracle(world, name, kind):
     model = _wrapped(world, name)
-    if _refused(name, KINDS[kind][0]):
+    if _refused(name, model_settings(kind)[0]):
         with pytest.raises(RuntimeError):
-            _torch_state_dict(model, kind)
+            torch_model_state_dict(model, kind)
         with pytest.raises(RuntimeError):
-            _oracle_state_dict(model, kind)
+            oracle_model_state_dict(model, kind)
         return
-    theirs = _torch_state_dict(model, kind)
-    ours = _oracle_state_dict(model, kind)
+    theirs = torch_model_state_dict(model, kind)
+    ours = oracle_model_state_dict(model, kind)
     assert_trees_identical(_by_key(theirs), _by_key(ours))
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("offload", [False, True], ids=["on_device", "offloaded"])
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_the_oracles_full_state_dict_equals_the_single_process_one(world, name, offload):
     model = _wrapped(world, name)
-    config = FullStateDictConfig(offload_to_cpu=offload)
-    ours = ri.fsdp_state_dict(model, StateDictType.FULL_STATE_DICT, config)
+    config = fsdp.FullStateDictConfig(offload_to_cpu=offload)
+    ours = ri.fsdp_state_dict(model, fsdp.StateDictType.FULL_STATE_DICT, config)
     assert_state_dict_equal(ours, ground_truth(steps=2).model)
     if offload:
         assert {str(value.device) for value in ours.values()} == {"cpu"}
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_the_oracles_rank0_only_state_dict_is_on_global_rank_0_only(world, name):
     """The contract, also where FSDP1 diverges (nested roots' buffers, HYBRID_SHARD)."""
     model = _wrapped(world, name)
-    config = FullStateDictConfig(rank0_only=True)
-    ours = ri.fsdp_state_dict(model, StateDictType.FULL_STATE_DICT, config)
+    config = fsdp.FullStateDictConfig(rank0_only=True)
+    ours = ri.fsdp_state_dict(model, fsdp.StateDictType.FULL_STATE_DICT, config)
     if world.rank == 0 or "no_shard" in name:  # NO_SHARD: a full state dict everywhere
         assert_state_dict_equal(ours, ground_truth(steps=2).model)
     else:
@@ -150,7 +121,7 @@ def _flat_params(model: Any) -> dict[str, torch.Tensor]:
     return {shard.prefix + "_flat_param": shard.flat_param for shard in ri.flat_param_shards(model)}
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("kind", LOAD_KINDS)
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_loading_matches_the_oracle(world, name, kind):
@@ -159,12 +130,12 @@ def test_loading_matches_the_oracle(world, name, kind):
     Both must write the same flat shards (the saved values, zero padding)
     and train on to the same state.
     """
-    state_dict_type = KINDS[kind][0]
+    state_dict_type = model_settings(kind)[0]
     if _refused(name, state_dict_type):
         pytest.skip(f"FSDP1 has no {state_dict_type.name} for {name}")
-    saved = _oracle_state_dict(_wrapped(world, name), kind)
+    saved = oracle_model_state_dict(_wrapped(world, name), kind)
     by_torch, by_oracle = _wrapped(world, name, steps=0), _wrapped(world, name, steps=0)
-    _torch_load(by_torch, copy.copy(saved), kind)
+    torch_model_load(by_torch, copy.copy(saved), kind)
     ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), state_dict_type)
     assert_trees_identical(_flat_params(by_torch), _flat_params(by_oracle))
     assert_state_dict_equal(ri.fsdp_state_dict(by_oracle), ground_truth(steps=2).model)
@@ -179,12 +150,11 @@ def test_loading_matches_the_oracle(world, name, kind):
 def _half_buffers_fc2_ignored(world: Any, steps: int = 2) -> Any:
     """FSDP1 over the MLP with float16 buffers and ``fc2`` left to the user (ignored)."""
     model = seeded_mlp()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        wrapped = FullyShardedDataParallel(
+    with quiet_deprecations():
+        wrapped = fsdp.FullyShardedDataParallel(
             model,
             device_id=world.device,
-            mixed_precision=MixedPrecision(buffer_dtype=torch.float16),
+            mixed_precision=fsdp.MixedPrecision(buffer_dtype=torch.float16),
             ignored_modules=[model.fc2],
         )
     train(wrapped, torch.optim.Adam(wrapped.parameters(), lr=0.01), steps)
@@ -192,12 +162,12 @@ def _half_buffers_fc2_ignored(world: Any, steps: int = 2) -> Any:
 
 
 @pytest.mark.world(2)
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_mixed_precision_buffers_and_ignored_modules_match_the_oracle(world, kind):
     model = _half_buffers_fc2_ignored(world)
     assert model.running_scale.dtype == torch.float16  # mixed precision is in effect
     assert_trees_identical(
-        _by_key(_torch_state_dict(model, kind)), _by_key(_oracle_state_dict(model, kind))
+        _by_key(torch_model_state_dict(model, kind)), _by_key(oracle_model_state_dict(model, kind))
     )
 
 
@@ -217,11 +187,11 @@ def test_the_oracle_saves_buffers_in_their_dtype_before_mixed_precision(world):
 @pytest.mark.world(2)
 @pytest.mark.parametrize("kind", LOAD_KINDS)
 def test_loading_with_mixed_precision_and_ignored_modules_matches_the_oracle(world, kind):
-    saved = _oracle_state_dict(_half_buffers_fc2_ignored(world), kind)
+    saved = oracle_model_state_dict(_half_buffers_fc2_ignored(world), kind)
     by_torch = _half_buffers_fc2_ignored(world, steps=0)
     by_oracle = _half_buffers_fc2_ignored(world, steps=0)
-    _torch_load(by_torch, copy.copy(saved), kind)
-    ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), KINDS[kind][0])
+    torch_model_load(by_torch, copy.copy(saved), kind)
+    ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), model_settings(kind)[0])
     assert_trees_identical(_parameters(by_torch), _parameters(by_oracle))
     # torch's load runs FSDP1's lazy initialisation, which casts the buffers;
     # the oracle's leaves that to the first forward, as a fresh model does.
@@ -280,8 +250,8 @@ def test_the_oracle_refuses_state_present_on_some_ranks_only(world):
         del saved["fc1.weight"]
     other_keys = r"rank 1: holds other keys than rank 0: \['fc1.weight'\]"
     with pytest.raises(RuntimeError, match=other_keys):
-        ri.fsdp_load_state_dict(fresh, saved, StateDictType.SHARDED_STATE_DICT, strict=False)
+        ri.fsdp_load_state_dict(fresh, saved, fsdp.StateDictType.SHARDED_STATE_DICT, strict=False)
 
 
-def _sharded() -> tuple[StateDictType, StateDictConfig]:
-    return StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig()
+def _sharded() -> tuple[fsdp.StateDictType, fsdp.StateDictConfig]:
+    return fsdp.StateDictType.SHARDED_STATE_DICT, fsdp.ShardedStateDictConfig()

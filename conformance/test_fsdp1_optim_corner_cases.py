@@ -8,6 +8,12 @@ oracle: ``FSDP.optim_state_dict`` under the full and the sharded config,
 it must give the saved state back. Every cell runs at its smallest world size.
 The order of names within one parameter's state is not compared here: FSDP1
 returns NO_SHARD's entries in the optimizer's own order, user values last.
+
+In detail: counterparts of upstream's ``test_fsdp_optim_state.py`` corners on every FSDP1
+cell, full and sharded: no step taken yet (empty state), parameter order reversed on odd
+ranks, user values (``2.74``, ``None``) in each parameter's state (of Adam, and of SGD
+without momentum, which holds nothing else), and a ``_NamedOptimizer`` keyed by names. Save,
+conversion to load and the round trip through a fresh optimizer must equal the oracle.
 """
 
 from __future__ import annotations
@@ -18,14 +24,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import FullyShardedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_trees_identical
 from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
-from conformance._models import batch, seeded_mlp, train
-from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS
+from conformance._parallelisms import PARALLELISMS, first_size_only
+from conformance._upstream import dist_optim, fsdp
+from conformance.models.common import batch, seeded_mlp, train
 
 LR = 0.01
 
@@ -49,9 +54,10 @@ def _adam_reversed_on_odd_ranks(model: torch.nn.Module, rank: int) -> torch.opti
 
 def _named_adam(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
     """A NamedOptimizer: its state dict is keyed by the wrapped model's parameter names."""
-    from torch.distributed.optim import _NamedOptimizer
 
-    return _NamedOptimizer(model.named_parameters(), torch.optim.Adam, lr=LR, module=model)
+    return dist_optim._NamedOptimizer(
+        model.named_parameters(), torch.optim.Adam, lr=LR, module=model
+    )
 
 
 def _no_steps(model: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -88,19 +94,19 @@ CASES: dict[str, tuple[Build, Callable[[Any, torch.optim.Optimizer], None], bool
 }
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only())
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
     cell = PARALLELISMS[name]
-    OPTIMIZERS["adam"].skip_unless_covered(cell, world.size)
+    cell.require(world.size)
     build, before_save, named = CASES[case]
     model = cell.parallelise(seeded_mlp(), world)
     optimizer = build(model, world.rank)
     before_save(model, optimizer)
     sharded = kind == "sharded"
-    save = FullyShardedDataParallel.optim_state_dict
+    save = fsdp.FullyShardedDataParallel.optim_state_dict
     theirs = under_optim_settings(model, kind, lambda: save(model, optimizer))
     saved = ri.fsdp_optim_state_dict(model, optimizer, shard_state=sharded)
     assert_trees_identical(state_names_sorted(theirs), state_names_sorted(saved))
@@ -111,7 +117,7 @@ def test_save_load_and_round_trip_match_the_oracle(world, name, case, kind):
     theirs_to_load = under_optim_settings(
         model,
         kind,
-        lambda: FullyShardedDataParallel.optim_state_dict_to_load(
+        lambda: fsdp.FullyShardedDataParallel.optim_state_dict_to_load(
             model, fresh, copy.deepcopy(saved), is_named_optimizer=named
         ),
     )

@@ -6,6 +6,15 @@ training steps: ``FSDP.optim_state_dict`` under each optimizer state-dict
 config equals ``reference_impl.fsdp_optim_state_dict`` on the same instance,
 key by key and shard by shard. Every optimizer runs at the cell's smallest
 world size; Adam at 4 ranks as well.
+
+In detail: ``FSDP.optim_state_dict`` under FULL (every rank, rank 0 only, offloaded) and
+SHARDED optimizer configs against ``reference_impl.fsdp_optim_state_dict``, for every FSDP1
+cell by optimizer (each at the cell's smallest world size, Adam also at 4); and the oracle's
+gathered state against the single-process Adam state. ``FSDP.optim_state_dict_to_load``
+against the oracle's on the same saved state (full and sharded), and an optimizer loaded
+from the oracle's conversion gives back exactly the state that was saved. No two state
+tensors of one rank's result may share memory (every cell by config): an optimizer that
+loads them updates each in place.
 """
 
 from __future__ import annotations
@@ -14,9 +23,6 @@ import copy
 from typing import Any
 
 import pytest
-from torch.distributed.fsdp import (
-    FullyShardedDataParallel,
-)
 
 import reference_impl as ri
 from conformance._compare import (
@@ -25,9 +31,10 @@ from conformance._compare import (
     assert_trees_identical,
 )
 from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
-from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS
+from conformance._parallelisms import PARALLELISMS, exists_at_size, first_size_only
+from conformance._upstream import fsdp
+from conformance.models.common import ground_truth, seeded_mlp, train
 
 ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
     "full": {},
@@ -40,44 +47,44 @@ ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
 def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
     """The cell's model and optimizer after two steps; Adam runs at every size, others once."""
     cell = PARALLELISMS[name]
-    OPTIMIZERS[recipe].skip_unless_covered(cell, world.size, every_size=recipe == "adam")
+    cell.require(world.size)
+    OPTIMIZERS[recipe].skip_unless_applies(cell)
     model = cell.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
     return model, optimizer
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only(every_size_if={"recipe": "adam"}))
 @pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
     model, optimizer = _trained(world, name, recipe)
-    save = FullyShardedDataParallel.optim_state_dict
+    save = fsdp.FullyShardedDataParallel.optim_state_dict
     theirs = under_optim_settings(model, config, lambda: save(model, optimizer))
     ours = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
     assert_trees_identical(theirs, ours)
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only())
 @pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_no_two_state_tensors_share_memory(world, name, config):
     """Loaded into an optimizer over separate parameters (``use_orig_params``, another
     wrapping, no FSDP), every state tensor is updated in place: none may alias another.
     Each cell runs at its smallest world size."""
-    OPTIMIZERS["adam"].skip_unless_covered(PARALLELISMS[name], world.size)
     model, optimizer = _trained(world, name, "adam")
-    save = FullyShardedDataParallel.optim_state_dict
+    save = fsdp.FullyShardedDataParallel.optim_state_dict
     theirs = under_optim_settings(model, config, lambda: save(model, optimizer))
     assert_no_state_tensors_overlap(theirs.get("state", {}))  # rank0_only: {} on other ranks
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     """The oracle on its own: gathered FSDP1 state is the single-process Adam state, exactly."""
-    PARALLELISMS[name].skip_unless_supported(world.size)
+    PARALLELISMS[name].require(world.size)
     model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, 2)
@@ -88,7 +95,7 @@ def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in truth.param_groups]
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only(every_size_if={"recipe": "adam"}))
 @pytest.mark.parametrize("config", ["full", "sharded"])
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
@@ -100,7 +107,7 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
     """
     model, optimizer = _trained(world, name, recipe)
     saved = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
-    to_load = FullyShardedDataParallel.optim_state_dict_to_load
+    to_load = fsdp.FullyShardedDataParallel.optim_state_dict_to_load
     theirs = under_optim_settings(
         model, config, lambda: to_load(model, optimizer, copy.deepcopy(saved))
     )

@@ -10,13 +10,29 @@ rounding, not bit for bit). Upstream's ``use_optim_input`` variants are the
 deprecated-argument case; its transformer variants are covered by the
 matrix's transformer model; its save/load at half the world size by
 ``test_fsdp1_reshard_loads.py`` and the half-world cases here.
+
+In detail: the rest of upstream's ``test_fsdp_optim_state.py``, on its nested model
+(``Blocks``: an unwrapped root, FSDP1 around some blocks and around some of their inner
+modules). Full, ``rank0_only`` and sharded state with one or two param groups (the root's
+``bias`` in neither) and parameter orders reversed on odd ranks must equal the oracle and an
+unwrapped model trained alike; conversion for another wrapping, with or without
+``use_orig_params``, at the same world size or on half of it, must equal the oracle and that
+model's own state, then load and train on (sharded state of parameters the loading model
+leaves out of FSDP1 stays ShardedTensors, as upstream's test accepts: checked gathered, not
+loaded); optimizer state keys equal the model's state-dict keys with an ignored module and
+checkpoint wrappers; a rank whose optimizer lacks a parameter rank 0 has makes torch raise
+and the oracle raise on every rank, naming the FQN; an unmanaged parameter outside FSDP1 is
+skipped by both conversions, one inside a flat parameter refused by both; a first parameter
+without state; state without ``param_groups``; ``load_directly``; parameters whose
+``requires_grad`` changes between steps; plain layers whose names depend on the rank, under
+Adam and a ``_NamedOptimizer``; the deprecated ``optim_input`` argument (warns, same
+result).
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,22 +40,20 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType, StateDictType
 
 import reference_impl as ri
-from conformance import _fsdp1_small_models as small
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._fsdp1 import (
+    fsdp1_api,
     keys_and_names_sorted,
-    legacy_api,
     state_names_sorted,
     under_optim_settings,
 )
-from conformance._models import train
 from conformance._subworld import SubWorld
+from conformance._upstream import dist_optim, fsdp, quiet_deprecations, sharded_tensor
+from conformance.models import fsdp1_small as small
+from conformance.models.common import train
 
-FSDP = FullyShardedDataParallel
 STEPS = 3
 LR = 0.01
 DEPRECATION = (UserWarning, FutureWarning)  # upstream expects the former; 2.13 gives the latter
@@ -126,7 +140,9 @@ def test_state_of_a_nested_model_matches_the_oracle_and_the_unwrapped_model(
     options = {"groups": groups == "two_groups", "reversed_on_odd_ranks": order != "same_order"}
     model, optimizer = _blocks_and_adam(world, **options)
     _train(model, optimizer)
-    theirs = under_optim_settings(model, kind, lambda: FSDP.optim_state_dict(model, optimizer))
+    theirs = under_optim_settings(
+        model, kind, lambda: fsdp1_api("optim_state_dict")(model, optimizer)
+    )
     ours = ri.fsdp_optim_state_dict(
         model, optimizer, rank0_only=kind == "full_rank0_only", shard_state=kind == "sharded"
     )
@@ -148,10 +164,13 @@ def test_optim_state_keys_are_the_model_state_dict_keys(world):
     small.apply_checkpointing(model, around=nn.Sequential)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     _train(model, optimizer, 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        theirs = FSDP.full_optim_state_dict(model, optimizer, rank0_only=False)
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+    with quiet_deprecations():
+        theirs = fsdp.FullyShardedDataParallel.full_optim_state_dict(
+            model, optimizer, rank0_only=False
+        )
+        with fsdp.FullyShardedDataParallel.state_dict_type(
+            model, fsdp.StateDictType.FULL_STATE_DICT
+        ):
             model_keys = sorted(model.state_dict())
     ours = ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True)
     assert_trees_identical(theirs, ours)
@@ -179,7 +198,9 @@ def test_load_into_another_wrapping_or_world_equals_training_there(
         pytest.skip("FSDP1 loads sharded optimizer state only at the world size it was saved at")
     model, optimizer = _blocks_and_adam(world, groups=True)
     _train(model, optimizer)
-    saved = under_optim_settings(model, kind, lambda: FSDP.optim_state_dict(model, optimizer))
+    saved = under_optim_settings(
+        model, kind, lambda: fsdp1_api("optim_state_dict")(model, optimizer)
+    )
     sub = SubWorld(world, world.size // 2 if half_world else world.size)
     if not sub.member:
         return
@@ -196,7 +217,7 @@ def test_load_into_another_wrapping_or_world_equals_training_there(
     theirs = under_optim_settings(
         loader,
         kind,
-        lambda: FSDP.optim_state_dict_to_load(
+        lambda: fsdp1_api("optim_state_dict_to_load")(
             loader, loader_optimizer, copy.deepcopy(given), group=sub.group
         ),
     )
@@ -215,7 +236,7 @@ def test_load_into_another_wrapping_or_world_equals_training_there(
     assert ours["param_groups"] == own["param_groups"]
     if kind == "sharded" and target == "alternative_wrapping":
         left_out = ours["state"][_param_id(loader_optimizer, loader.block1.weight)]
-        assert isinstance(left_out["exp_avg"], ShardedTensor)
+        assert isinstance(left_out["exp_avg"], sharded_tensor.ShardedTensor)
         return
     loader_optimizer.load_state_dict(ours)
     _train(loader, loader_optimizer, 1)
@@ -230,7 +251,7 @@ def test_a_rank_without_state_that_rank_0_has_fails_on_every_rank(world):
     optimizer = torch.optim.Adam(params if world.rank == 0 else params[:-1], lr=LR)
     _train(model, optimizer)
     with pytest.raises(RuntimeError, match="some ranks are missing some of those states"):
-        under_optim_settings(model, "full", lambda: FSDP.optim_state_dict(model, optimizer))
+        under_optim_settings(model, "full", lambda: fsdp1_api("optim_state_dict")(model, optimizer))
     with pytest.raises(ValueError, match=r"block2\.2\.weight"):
         ri.fsdp_optim_state_dict(model, optimizer)
     dist.barrier()  # every rank got here: none is left in a collective
@@ -253,7 +274,7 @@ def test_loading_into_a_model_with_an_unmanaged_parameter(world, kind, where):
     save, save_kwargs, convert = LEGACY_PAIRS[kind]
     model, optimizer = _blocks_and_adam(world)
     _train(model, optimizer, 1)
-    saved = legacy_api(save)(model, optimizer, **save_kwargs)
+    saved = fsdp1_api(save)(model, optimizer, **save_kwargs)
     loader = small.Blocks()
     owner = loader.block2[2] if where == "inside_a_flat_parameter" else loader
     owner.register_parameter("unmanaged", nn.Parameter(torch.randn(5, 5)))
@@ -261,7 +282,7 @@ def test_loading_into_a_model_with_an_unmanaged_parameter(world, kind, where):
     loader_optimizer = torch.optim.Adam(loader.parameters(), lr=LR)
 
     def by_torch() -> Any:
-        return legacy_api(convert)(copy.deepcopy(saved), loader, optim=loader_optimizer)
+        return fsdp1_api(convert)(copy.deepcopy(saved), loader, optim=loader_optimizer)
 
     def by_oracle() -> Any:
         return ri.fsdp_optim_state_dict_to_load(loader, loader_optimizer, copy.deepcopy(saved))
@@ -290,13 +311,13 @@ def test_a_first_parameter_without_state_saves_and_loads(world, kind):
     model = small.first_unused(world.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     _train(model, optimizer, 1)
-    saved = legacy_api(save)(model, optimizer, **save_kwargs)
+    saved = fsdp1_api(save)(model, optimizer, **save_kwargs)
     ours = ri.fsdp_optim_state_dict(
         model, optimizer, cpu_offload=True, shard_state=kind == "sharded", use_dtensor=False
     )
     assert_trees_identical(saved, ours)
     assert not [fqn for fqn in ours["state"] if fqn.startswith("lin1.")]
-    theirs_to_load = legacy_api(convert)(copy.deepcopy(saved), model, optim=optimizer)
+    theirs_to_load = fsdp1_api(convert)(copy.deepcopy(saved), model, optim=optimizer)
     ours_to_load = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(saved))
     assert_trees_identical(
         keys_and_names_sorted(theirs_to_load), keys_and_names_sorted(ours_to_load)
@@ -309,7 +330,7 @@ def test_a_first_parameter_without_state_saves_and_loads(world, kind):
 def test_state_without_param_groups(world):
     """Given a state dict without ``param_groups``, both save and convert back without them;
     with the groups put back, the optimizer loads exactly what it had."""
-    model = small.fsdp(small.four_linears(), world.device)
+    model = small.fsdp1(small.four_linears(), world.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     _train(model, optimizer, 1, width=8)
     original = copy.deepcopy(optimizer.state_dict())
@@ -318,14 +339,16 @@ def test_state_without_param_groups(world):
     theirs = under_optim_settings(
         model,
         "full",
-        lambda: FSDP.optim_state_dict(model, optimizer, copy.deepcopy(without_groups)),
+        lambda: fsdp1_api("optim_state_dict")(model, optimizer, copy.deepcopy(without_groups)),
     )
     ours = ri.fsdp_optim_state_dict(model, optimizer, copy.deepcopy(without_groups))
     assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
     assert "param_groups" not in ours
     _train(model, optimizer, 1, width=8)
     theirs_to_load = under_optim_settings(
-        model, "full", lambda: FSDP.optim_state_dict_to_load(model, optimizer, copy.deepcopy(ours))
+        model,
+        "full",
+        lambda: fsdp1_api("optim_state_dict_to_load")(model, optimizer, copy.deepcopy(ours)),
     )
     ours_to_load = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(ours))
     assert_trees_identical(
@@ -343,7 +366,7 @@ def test_state_without_param_groups(world):
 def test_load_directly_loads_what_the_oracle_converts(world, use_orig_params):
     """``optim_state_dict_to_load(load_directly=True)`` leaves the optimizer holding what
     the oracle's conversion, loaded by hand, gives another optimizer."""
-    model = small.fsdp(small.four_linears(), world.device, use_orig_params=use_orig_params)
+    model = small.fsdp1(small.four_linears(), world.device, use_orig_params=use_orig_params)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     _train(model, optimizer, 1, width=8)
     saved = ri.fsdp_optim_state_dict(model, optimizer)
@@ -353,7 +376,7 @@ def test_load_directly_loads_what_the_oracle_converts(world, use_orig_params):
     under_optim_settings(
         model,
         "full",
-        lambda: FSDP.optim_state_dict_to_load(
+        lambda: fsdp1_api("optim_state_dict_to_load")(
             model, optimizer, copy.deepcopy(saved), load_directly=True
         ),
     )
@@ -366,7 +389,7 @@ def test_load_directly_loads_what_the_oracle_converts(world, use_orig_params):
 def test_parameters_whose_requires_grad_changes_between_steps(world):
     """The first layer is frozen on even steps (use_orig_params): after every step, torch
     and the oracle save the same state, and loading it back changes nothing."""
-    model = small.fsdp(small.four_linears(), world.device, use_orig_params=True)
+    model = small.fsdp1(small.four_linears(), world.device, use_orig_params=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     first_layer = model.module[0]
     for step in range(5):
@@ -374,7 +397,7 @@ def test_parameters_whose_requires_grad_changes_between_steps(world):
         train(model, optimizer, 1, start=step, inputs=small.seeded_batch(8))
         held = copy.deepcopy(optimizer.state_dict())
         theirs = under_optim_settings(
-            model, "full", lambda: FSDP.optim_state_dict(model, optimizer)
+            model, "full", lambda: fsdp1_api("optim_state_dict")(model, optimizer)
         )
         ours = ri.fsdp_optim_state_dict(model, optimizer)
         assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
@@ -384,25 +407,11 @@ def test_parameters_whose_requires_grad_changes_between_steps(world):
         )
 
 
-class RankDependent(nn.Module):
-    """An FSDP1 dense part behind a plain layer whose name depends on the rank (``sparse0`` on
-    rank 0, ``sparse1`` elsewhere), as model-parallel embeddings sit beside FSDP1."""
-
-    def __init__(self, rank: int, device: torch.device) -> None:
-        super().__init__()
-        torch.manual_seed(small.SEED)
-        self.dense = small.fsdp(small.four_linears(), device, use_orig_params=True)
-        self.add_module(f"sparse{min(rank, 1)}", nn.Linear(8, 8).to(device))
-        self.sparse = getattr(self, f"sparse{min(rank, 1)}")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense(torch.relu(self.sparse(x)))
-
-
 def _named_adam(model: nn.Module) -> torch.optim.Optimizer:
-    from torch.distributed.optim import _NamedOptimizer
 
-    return _NamedOptimizer(model.named_parameters(), torch.optim.Adam, module=model, lr=LR)
+    return dist_optim._NamedOptimizer(
+        model.named_parameters(), torch.optim.Adam, module=model, lr=LR
+    )
 
 
 def _adam(model: nn.Module) -> torch.optim.Optimizer:
@@ -412,13 +421,15 @@ def _adam(model: nn.Module) -> torch.optim.Optimizer:
 def _rank_dependent_saved(world: Any, build: Callable[[nn.Module], Any]) -> dict[str, Any]:
     """``RankDependent`` after two steps: torch's full optimizer state, checked against the
     oracle's. The model clears gradients: a NamedOptimizer lacks what ``zero_grad`` needs."""
-    model = RankDependent(world.rank, world.device)
+    model = small.RankDependent(world.rank, world.device)
     optimizer = build(model)
     for step in range(2):
         model.zero_grad()
         model(small.seeded_batch(8)(step)).pow(2).mean().backward()
         optimizer.step()
-    theirs = under_optim_settings(model, "full", lambda: FSDP.optim_state_dict(model, optimizer))
+    theirs = under_optim_settings(
+        model, "full", lambda: fsdp1_api("optim_state_dict")(model, optimizer)
+    )
     ours = ri.fsdp_optim_state_dict(model, optimizer)
     assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
     return ours
@@ -443,17 +454,23 @@ def test_the_deprecated_optim_input_argument_warns_and_gives_the_same_result(wor
     optim_input = list(model.parameters())
     deprecated = "`optim_input` argument is deprecated"
     with pytest.warns(DEPRECATION, match=deprecated):
-        full = FSDP.full_optim_state_dict(model, optimizer, optim_input, rank0_only=False)
+        full = fsdp.FullyShardedDataParallel.full_optim_state_dict(
+            model, optimizer, optim_input, rank0_only=False
+        )
     assert_trees_identical(full, ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True))
     expected = ri.fsdp_optim_state_dict_to_load(model, optimizer, copy.deepcopy(full))
     for api in ("shard_full_optim_state_dict", "scatter_full_optim_state_dict"):
         with pytest.warns(DEPRECATION, match=deprecated):
-            converted = getattr(FSDP, api)(copy.deepcopy(full), model, optim_input=optim_input)
+            converted = fsdp.get(f"FullyShardedDataParallel.{api}")(
+                copy.deepcopy(full), model, optim_input=optim_input
+            )
         assert_trees_identical(keys_and_names_sorted(converted), keys_and_names_sorted(expected))
     plain, plain_optimizer = _blocks_and_adam(world, wrap=False)
     with pytest.warns(DEPRECATION, match=deprecated):
-        rekeyed = FSDP.rekey_optim_state_dict(
-            full, OptimStateKeyType.PARAM_ID, plain, optim_input=list(plain.parameters())
+        rekeyed = fsdp.FullyShardedDataParallel.rekey_optim_state_dict(
+            full, fsdp.OptimStateKeyType.PARAM_ID, plain, optim_input=list(plain.parameters())
         )
-    ours = ri.fsdp_rekey_optim_state_dict(full, OptimStateKeyType.PARAM_ID, plain, plain_optimizer)
+    ours = ri.fsdp_rekey_optim_state_dict(
+        full, fsdp.OptimStateKeyType.PARAM_ID, plain, plain_optimizer
+    )
     assert_trees_identical(rekeyed, ours)

@@ -14,15 +14,15 @@ from __future__ import annotations
 import copy
 
 import pytest
-from torch.distributed.fsdp import FullyShardedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._fsdp1 import optim_settings, state_names_sorted, under_optim_settings
-from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS
+from conformance._parallelisms import PARALLELISMS, exists_at_size
 from conformance._subworld import SubWorld
+from conformance._upstream import fsdp
+from conformance.models.common import ground_truth, seeded_mlp, train
 
 STEPS = 2
 
@@ -37,12 +37,11 @@ PAIRS = [
 ]
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size("saved_by"))
 @pytest.mark.parametrize("ranks", ["same_ranks", "half_the_ranks"])
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 @pytest.mark.parametrize(("saved_by", "loaded_by"), PAIRS, ids=[f"{s}-to-{t}" for s, t in PAIRS])
 def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kind, ranks):
-    PARALLELISMS[saved_by].skip_unless_supported(world.size)
     if kind == "sharded" and ranks == "half_the_ranks":
         pytest.skip("a sharded state dict's shards belong to the ranks that saved it")
     if kind == "sharded" and "no_shard" in saved_by:
@@ -59,7 +58,7 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
         target = PARALLELISMS[loaded_by].parallelise(seeded_mlp(), loaders)
         ri.fsdp_load_state_dict(target, copy.deepcopy(saved_model), model_type, group=group)
         target_optimizer, _ = OPTIMIZERS["adam"].build(target)
-        to_load = FullyShardedDataParallel.optim_state_dict_to_load
+        to_load = fsdp.FullyShardedDataParallel.optim_state_dict_to_load
         theirs = under_optim_settings(
             target, kind, lambda: to_load(target, target_optimizer, copy.deepcopy(saved_optim))
         )

@@ -12,6 +12,24 @@ Upstream couples ``rank0_only`` with ``offload_to_cpu``; on CPU worlds the
 offload is left out (it moves nothing, and on torch 2.13 it crashes a rank,
 which ``test_upstream_failures.py`` reports), so ``full_rank0_only`` here
 offloads only where the world has accelerators.
+
+In detail: cPU-world counterparts of upstream's ``test_fsdp_state_dict.py``, on upstream's
+small models (``conformance/models/fsdp1_small.py``): activation-checkpoint wrappers on the
+saving or loading side, inside FSDP or applied after it, and
+``FSDP(CheckpointWrapper(block))``; tied parameters and a shared module; save and load with
+float16 models and gradients populated, with BatchNorm buffers under mixed precision, with
+buffers cast by the root unit's policy, a child's or both (each buffer follows the unit that
+owns it, and saves in float32), before or after a step (the oracle saves first, on a model
+FSDP1 has not initialised), after six SGD steps; FSDP1 saved and reloaded against DDP's
+training; the keys of each type; loading into the model without FSDP (FSDP and plain roots);
+a module left out of wrapping; ignored modules saved uncopied and uncast, with a key prefix;
+the config type check, the context manager's restore, clean missing/unexpected keys; LOCAL
+with empty ranks, through ``torch.save``, and re-cut from 4 ranks to 2; SHARDED in one-rank
+groups and in a ``cpu:gloo`` multi-backend group. In every case torch's saved state dict
+must equal the oracle's, and torch's load and the oracle's must each give a zeroed model the
+saved values back. Parameter CPU offload and ``sync_module_states`` need an accelerator and
+skip on CPU worlds with that reason; ``rank0_only`` offloads only there (on CPU torch 2.13
+crashes a rank, reported by ``test_upstream_failures.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +38,6 @@ import contextlib
 import copy
 import io
 import itertools
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,41 +45,23 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import (
-    CPUOffload,
-    FullStateDictConfig,
-    FullyShardedDataParallel,
-    LocalStateDictConfig,
-    ShardedStateDictConfig,
-    StateDictConfig,
-    StateDictType,
-)
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from torch.nn.parallel import DistributedDataParallel
 
 import reference_impl as ri
-from conformance import _fsdp1_small_models as small
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._models import unwrapped_name
-from conformance._subworld import SubWorld
-from conformance._transformer import Block, seeded_transformer
-
-FULL, SHARDED, LOCAL = (
-    StateDictType.FULL_STATE_DICT,
-    StateDictType.SHARDED_STATE_DICT,
-    StateDictType.LOCAL_STATE_DICT,
+from conformance._fsdp1 import (
+    model_settings,
+    oracle_model_state_dict,
+    torch_model_load,
+    torch_model_state_dict,
 )
-KIND_TYPES = {"full": FULL, "full_rank0_only": FULL, "sharded": SHARDED, "local": LOCAL}
+from conformance._subworld import SubWorld
+from conformance._upstream import activation_checkpointing, ddp, fsdp, fsdp_wrap, sharded_tensor
+from conformance.models import fsdp1_small as small
+from conformance.models.common import unwrapped_name
+from conformance.models.transformer import Block, seeded_transformer
+
+KINDS = ("full", "full_rank0_only", "local", "sharded")
 UNFLATTENED = ["full", "full_rank0_only", "sharded"]
-
-
-def _config(kind: str, device: torch.device) -> StateDictConfig:
-    """The kind's config, made afresh (FSDP1 writes into the configs it is given)."""
-    if kind == "full":
-        return FullStateDictConfig()
-    if kind == "full_rank0_only":
-        return FullStateDictConfig(rank0_only=True, offload_to_cpu=device.type != "cpu")
-    return ShardedStateDictConfig() if kind == "sharded" else LocalStateDictConfig()
 
 
 def _saved(model: nn.Module, kind: str, device: torch.device, prefix: str = "") -> dict[str, Any]:
@@ -72,29 +71,20 @@ def _saved(model: nn.Module, kind: str, device: torch.device, prefix: str = "") 
     oracle must foresee rather than see done.
     """
     ours = {
-        prefix + key: value
-        for key, value in ri.fsdp_state_dict(model, KIND_TYPES[kind], _config(kind, device)).items()
+        prefix + key: value for key, value in oracle_model_state_dict(model, kind, device).items()
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(
-            model, KIND_TYPES[kind], _config(kind, device)
-        ):
-            theirs = dict(model.state_dict(prefix=prefix))
+    theirs = torch_model_state_dict(model, kind, device, prefix)
     assert_trees_identical(dict(sorted(theirs.items())), dict(sorted(ours.items())))
     return theirs
 
 
 def _torch_load(model: nn.Module, state_dict: dict[str, Any], kind: str, group: Any = None) -> Any:
     """``model.load_state_dict`` inside ``FSDP.state_dict_type`` (the model knows its group)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FullyShardedDataParallel.state_dict_type(model, KIND_TYPES[kind]):
-            return model.load_state_dict(state_dict)
+    return torch_model_load(model, state_dict, kind)
 
 
 def _oracle_load(model: nn.Module, state_dict: dict[str, Any], kind: str, group: Any = None) -> Any:
-    return ri.fsdp_load_state_dict(model, state_dict, KIND_TYPES[kind], group=group)
+    return ri.fsdp_load_state_dict(model, state_dict, model_settings(kind)[0], group=group)
 
 
 LOADERS = {"torch": _torch_load, "oracle": _oracle_load}
@@ -121,7 +111,7 @@ def _everywhere(state_dict: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def _values(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer at full size, by clean name (wrapper prefixes dropped)."""
-    with FullyShardedDataParallel.summon_full_params(model):
+    with fsdp.FullyShardedDataParallel.summon_full_params(model):
         named = itertools.chain(model.named_parameters(), model.named_buffers())
         return {unwrapped_name(name): t.detach().clone() for name, t in named}
 
@@ -133,7 +123,7 @@ def _detached(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _zeroed(model: nn.Module) -> nn.Module:
-    with FullyShardedDataParallel.summon_full_params(model, writeback=True), torch.no_grad():
+    with fsdp.FullyShardedDataParallel.summon_full_params(model, writeback=True), torch.no_grad():
         for tensor in itertools.chain(model.parameters(), model.buffers()):
             tensor.zero_()
     return model
@@ -192,9 +182,9 @@ def _transformer_wrapped_per_block(world: Any, checkpoint: bool) -> nn.Module:
     """FSDP around each block (inside a checkpoint wrapper when ``checkpoint``) and the root."""
     model = seeded_transformer()
     for index, block in enumerate(model.layers):
-        inner = small.checkpoint_wrapper(block) if checkpoint else block
-        model.layers[index] = small.fsdp(inner, world.device)
-    return small.fsdp(model, world.device)
+        inner = activation_checkpointing.checkpoint_wrapper(block) if checkpoint else block
+        model.layers[index] = small.fsdp1(inner, world.device)
+    return small.fsdp1(model, world.device)
 
 
 @pytest.mark.world(2)
@@ -217,7 +207,7 @@ def _tied_transformer(world: Any) -> nn.Module:
     """The transformer with its head tied to the embedding, each block wrapped on its own."""
     model = seeded_transformer()
     model.head.weight = model.embed.weight
-    return small.fsdp(model, world.device, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    return small.fsdp1(model, world.device, auto_wrap_policy=fsdp_wrap.ModuleWrapPolicy({Block}))
 
 
 @pytest.mark.world(2)
@@ -232,7 +222,7 @@ def test_state_dict_with_shared_parameters(world, kind):
 
 @pytest.mark.world(2)
 def test_shared_module_and_shared_parameter(world):
-    model = small.fsdp(small.SharedModuleAndParameter(), world.device)
+    model = small.fsdp1(small.SharedModuleAndParameter(), world.device)
     saved = _saved(model, "full", world.device)
     assert torch.equal(saved["random_parameter"], saved["shared_parameter"])
     assert torch.equal(saved["net2.0.weight"], saved["net3.0.weight"])
@@ -260,12 +250,12 @@ def _supported(world: Any, kind: str, use_orig_params: bool, offload_params: boo
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
 @pytest.mark.parametrize("offload_params", [False, True], ids=["on_device", "cpu_offload"])
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_basic_save_and_load(world, model, kind, fp16, offload_params, use_orig_params):
     _supported(world, kind, use_orig_params, offload_params)
     dtype = torch.float16 if fp16 else torch.float32
-    kwargs = {"cpu_offload": CPUOffload(offload_params), "use_orig_params": use_orig_params}
+    kwargs = {"cpu_offload": fsdp.CPUOffload(offload_params), "use_orig_params": use_orig_params}
 
     def make() -> nn.Module:
         built = MODELS[model](world.device, **kwargs).to(dtype)
@@ -283,15 +273,15 @@ def test_basic_save_and_load(world, model, kind, fp16, offload_params, use_orig_
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
 @pytest.mark.parametrize("offload_params", [False, True], ids=["on_device", "cpu_offload"])
 @pytest.mark.parametrize("mixed_precision", [False, True], ids=["fp32", "mixed"])
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_buffers_save_and_load(world, kind, mixed_precision, offload_params, use_orig_params):
     _supported(world, kind, use_orig_params, offload_params)
 
     def make() -> nn.Module:
         return small.multi_buffer(
             world.device,
-            mixed_precision=small.HALF if mixed_precision else None,
-            cpu_offload=CPUOffload(offload_params),
+            mixed_precision=small.half_precision() if mixed_precision else None,
+            cpu_offload=fsdp.CPUOffload(offload_params),
             use_orig_params=use_orig_params,
         )
 
@@ -303,7 +293,7 @@ def test_buffers_save_and_load(world, kind, mixed_precision, offload_params, use
 @pytest.mark.world(2)
 @pytest.mark.parametrize("used", [True, False], ids=["after_a_step", "not_used_yet"])
 @pytest.mark.parametrize("casting", ["root", "child", "both"])
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_buffers_cast_by_some_units_save_in_their_own_dtype(world, kind, casting, used):
     """Whichever units' mixed precision casts a buffer, it is saved in float32 (but LOCAL, as
     it is) and loads back; the oracle must follow the unit that owns the buffer. A model not
@@ -330,10 +320,10 @@ def test_buffers_cast_by_some_units_save_in_their_own_dtype(world, kind, casting
 
 @pytest.mark.world(2)
 @pytest.mark.parametrize("mixed_precision", [False, True], ids=["fp32", "mixed"])
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_save_and_load_after_training(world, kind, mixed_precision):
     """After six SGD steps the saved values are the trained ones, in float32, and load back."""
-    precision = small.HALF if mixed_precision else None
+    precision = small.half_precision() if mixed_precision else None
 
     def make() -> nn.Module:
         return small.nested(world.device, mixed_precision=precision)
@@ -359,7 +349,7 @@ def _trained_inner_outer(world: Any, wrap: str) -> nn.Module:
     """Upstream's ``Model`` after three SGD steps, under FSDP1 (inner wrapped too) or DDP."""
     model = small.InnerOuter(world.device, inner_fsdp=wrap == "fsdp")
     wrapped: nn.Module = (
-        small.fsdp(model, world.device) if wrap == "fsdp" else DistributedDataParallel(model)
+        small.fsdp1(model, world.device) if wrap == "fsdp" else ddp.DistributedDataParallel(model)
     )
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     inputs = torch.rand(64, 4, generator=torch.Generator().manual_seed(small.SEED))
@@ -371,7 +361,7 @@ def _trained_inner_outer(world: Any, wrap: str) -> nn.Module:
 
 
 @pytest.mark.world(2)
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_state_dict_save_load_flow_matches_ddp(world, kind):
     """FSDP1 trained, saved and loaded into a blank model ends where DDP's training does."""
     fsdp_model = _trained_inner_outer(world, "fsdp")
@@ -380,17 +370,17 @@ def test_state_dict_save_load_flow_matches_ddp(world, kind):
         key: v for key, v in _trained_inner_outer(world, "ddp").module.state_dict().items()
     }
     for loader, load in LOADERS.items():
-        blank = _zeroed(small.fsdp(small.InnerOuter(world.device, inner_fsdp=True), world.device))
+        blank = _zeroed(small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device))
         load(blank, copy.copy(saved), kind)
         with _loaded_by(loader):
             assert_state_dict_equal(_values(blank), ddp_values)
 
 
 @pytest.mark.world(2)
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_state_dict_keys(world, kind):
     """Full and sharded keys are the local model's; local keys are the two flat parameters."""
-    model = small.fsdp(small.InnerOuter(world.device, inner_fsdp=True), world.device)
+    model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
     keys = set(_saved(model, kind, world.device))
     if kind == "local":
         assert keys == {"_flat_param", "inner._flat_param"}
@@ -407,7 +397,7 @@ def test_state_dict_load_into_local_module(world, kind, root):
     """A state dict saved from FSDP1, gathered, loads into the model without any FSDP."""
     if root == "fsdp_root":
         inner = small.InnerOuter(world.device, inner_fsdp=True, buffers=True)
-        model: nn.Module = small.fsdp(inner, world.device)
+        model: nn.Module = small.fsdp1(inner, world.device)
         local: nn.Module = small.InnerOuter(world.device, buffers=True)
         inputs = torch.rand(64, 4, device=world.device)
     else:
@@ -428,7 +418,7 @@ def test_state_dict_load_into_local_module(world, kind, root):
 
 
 @pytest.mark.world(2)
-@pytest.mark.parametrize("kind", sorted(KIND_TYPES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_state_dict_skip_module(world, kind):
     """A module detached while wrapping and reattached saves under its plain names."""
     model = small.with_skipped_module(world.device)
@@ -464,11 +454,11 @@ def test_state_dict_with_ignored_modules(world, kind, prefix, ignore_inner, mixe
     kept["outer.buffer"] = model.outer.buffer
     if ignore_inner or not mixed_precision:  # a cast buffer is saved as a float32 copy
         kept["inner.buffer"] = model.inner.buffer
-    wrapped = small.fsdp(
+    wrapped = small.fsdp1(
         model,
         world.device,
         ignored_modules=[model.outer],
-        mixed_precision=small.HALF if mixed_precision else None,
+        mixed_precision=small.half_precision() if mixed_precision else None,
     )
     saved = ri.gather_state_dict(_saved(wrapped, kind, world.device, prefix=prefix))
     for name, tensor in kept.items():
@@ -489,19 +479,26 @@ def test_state_dict_with_ignored_modules(world, kind, prefix, ignore_inner, mixe
 
 @pytest.mark.world(2)
 def test_wrong_state_dict_config_is_refused(world):
-    model = small.fsdp(small.InnerOuter(world.device, inner_fsdp=True), world.device)
+    model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
     refused = pytest.raises(RuntimeError, match="Expected state_dict_config of type")
-    with refused, FullyShardedDataParallel.state_dict_type(model, FULL, LocalStateDictConfig()):
+    with (
+        refused,
+        fsdp.FullyShardedDataParallel.state_dict_type(
+            model, fsdp.StateDictType.FULL_STATE_DICT, fsdp.LocalStateDictConfig()
+        ),
+    ):
         pass
 
 
 @pytest.mark.world(2)
 def test_state_dict_type_is_restored_after_the_context(world):
     model = small.with_skipped_module(world.device)
-    with FullyShardedDataParallel.state_dict_type(model, LOCAL):
-        assert {m._state_dict_type for m in FullyShardedDataParallel.fsdp_modules(model)} == {LOCAL}
-    for module in FullyShardedDataParallel.fsdp_modules(model):
-        assert module._state_dict_type == FULL
+    with fsdp.FullyShardedDataParallel.state_dict_type(model, fsdp.StateDictType.LOCAL_STATE_DICT):
+        assert {m._state_dict_type for m in fsdp.FullyShardedDataParallel.fsdp_modules(model)} == {
+            fsdp.StateDictType.LOCAL_STATE_DICT
+        }
+    for module in fsdp.FullyShardedDataParallel.fsdp_modules(model):
+        assert module._state_dict_type == fsdp.StateDictType.FULL_STATE_DICT
 
 
 @pytest.mark.world(2)
@@ -522,29 +519,20 @@ def test_full_state_dict_missing_and_unexpected_keys_are_clean(world):
 # ----- local state dicts -----------------------------------------------------------------
 
 
-class _OneElement(nn.Module):
-    """A single-element parameter: every rank but rank 0 holds an empty shard."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.my_parameter = nn.Parameter(torch.full((1,), 3.1415926))
-
-    def forward(self, _: Any) -> torch.Tensor:
-        return self.my_parameter
-
-
 @pytest.mark.world(2, 4)
 def test_local_state_dict_with_empty_ranks(world):
-    saved_model = small.fsdp(_OneElement(), world.device)
+    saved_model = small.fsdp1(small.OneElement(), world.device)
     saved = _saved(saved_model, "local", world.device)
     saved_model(None).sum().backward()
-    _assert_loads_back(lambda: small.fsdp(_OneElement(), world.device), saved_model, saved, "local")
+    _assert_loads_back(
+        lambda: small.fsdp1(small.OneElement(), world.device), saved_model, saved, "local"
+    )
 
 
 @pytest.mark.world(2)
 def test_local_state_dict_survives_torch_save_and_load(world):
     """A LOCAL state dict (ShardedTensors of the flat shards) through ``torch.save``/``load``."""
-    model = small.fsdp(small.InnerOuter(world.device, inner_fsdp=True), world.device)
+    model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
     saved = _saved(model, "local", world.device)
     buffer = io.BytesIO()
     torch.save(saved, buffer)
@@ -557,9 +545,8 @@ def test_local_state_dict_survives_torch_save_and_load(world):
 def test_local_state_dict_resharded_to_half_the_ranks(world):
     """Four ranks' LOCAL flat shards, re-cut for two, load into a two-rank model (by torch
     and the oracle) whose full state dict is the four-rank model's."""
-    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
 
-    model = small.fsdp(small.InnerOuter(world.device, inner_fsdp=True), world.device)
+    model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
     torch.optim.SGD(model.parameters(), lr=0.1)
     saved = _saved(model, "local", world.device)
     full_flats = {key: ri.gather_state_dict({key: value})[key] for key, value in saved.items()}
@@ -572,12 +559,21 @@ def test_local_state_dict_resharded_to_half_the_ranks(world):
         for key, flat in full_flats.items():
             chunks = flat.chunk(half.size)
             offset = sum(chunk.numel() for chunk in chunks[: half.rank])
-            shard = Shard.from_tensor_and_offsets(chunks[half.rank].clone(), [offset], half.rank)
-            resharded[key] = init_from_local_shards([shard], flat.shape, process_group=half.group)
+            shard = sharded_tensor.Shard.from_tensor_and_offsets(
+                chunks[half.rank].clone(), [offset], half.rank
+            )
+            resharded[key] = sharded_tensor.init_from_local_shards(
+                [shard], flat.shape, process_group=half.group
+            )
         inner = small.InnerOuter(world.device, inner_fsdp=True, group=half.group)
-        smaller = _zeroed(small.fsdp(inner, world.device, process_group=half.group))
+        smaller = _zeroed(small.fsdp1(inner, world.device, process_group=half.group))
         load(smaller, resharded, "local", group=half.group)
-        with FullyShardedDataParallel.state_dict_type(smaller, FULL), _loaded_by(loader):
+        with (
+            fsdp.FullyShardedDataParallel.state_dict_type(
+                smaller, fsdp.StateDictType.FULL_STATE_DICT
+            ),
+            _loaded_by(loader),
+        ):
             assert_state_dict_equal(dict(smaller.state_dict()), expected)
 
 
@@ -591,18 +587,18 @@ def test_rank0_save_then_sync_module_states(world, use_orig_params):
     ``sync_module_states``: every rank then holds the saved model."""
     if world.device.type == "cpu":
         pytest.skip("FSDP1's sync_module_states needs the module on an accelerator")
-    policy = ModuleWrapPolicy({Block})
-    source = small.fsdp(
+    policy = fsdp_wrap.ModuleWrapPolicy({Block})
+    source = small.fsdp1(
         seeded_transformer(), world.device, auto_wrap_policy=policy, use_orig_params=use_orig_params
     )
-    with FullyShardedDataParallel.summon_full_params(source, writeback=True), torch.no_grad():
+    with fsdp.FullyShardedDataParallel.summon_full_params(source, writeback=True), torch.no_grad():
         for tensor in source.parameters():
             tensor.add_(1.0)  # no zero left: a zeroed copy differs everywhere
     saved = _saved(source, "full_rank0_only", world.device)
     plain = _zeroed(seeded_transformer())
     if world.rank == 0:
         plain.load_state_dict(copy.deepcopy(saved), strict=True)
-    synced = small.fsdp(plain, world.device, auto_wrap_policy=policy, sync_module_states=True)
+    synced = small.fsdp1(plain, world.device, auto_wrap_policy=policy, sync_module_states=True)
     assert_state_dict_equal(_values(synced), _values(source))
 
 
@@ -610,24 +606,28 @@ def test_rank0_save_then_sync_module_states(world, use_orig_params):
 def test_sharded_state_dict_in_groups_of_one(world):
     """Each rank its own one-rank group: a SHARDED save and load stay within the rank."""
     groups = [dist.new_group([rank]) for rank in range(world.size)]
-    model = small.fsdp(
+    model = small.fsdp1(
         seeded_transformer(),
         world.device,
         process_group=groups[world.rank],
-        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        auto_wrap_policy=fsdp_wrap.ModuleWrapPolicy({Block}),
     )
-    with FullyShardedDataParallel.state_dict_type(model, SHARDED):
+    with fsdp.FullyShardedDataParallel.state_dict_type(
+        model, fsdp.StateDictType.SHARDED_STATE_DICT
+    ):
         model.load_state_dict(model.state_dict())
-    ours = ri.fsdp_state_dict(model, SHARDED)
+    ours = ri.fsdp_state_dict(model, fsdp.StateDictType.SHARDED_STATE_DICT)
     fresh = _zeroed(
-        small.fsdp(
+        small.fsdp1(
             seeded_transformer(),
             world.device,
             process_group=groups[world.rank],
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            auto_wrap_policy=fsdp_wrap.ModuleWrapPolicy({Block}),
         )
     )
-    ri.fsdp_load_state_dict(fresh, ours, SHARDED, group=groups[world.rank])
+    ri.fsdp_load_state_dict(
+        fresh, ours, fsdp.StateDictType.SHARDED_STATE_DICT, group=groups[world.rank]
+    )
     assert_state_dict_equal(_values(fresh), _values(model))
     dist.barrier()
 
@@ -644,12 +644,12 @@ def test_sharded_load_with_a_multi_backend_group(world):
     group = dist.new_group(backend=backend)
 
     def make() -> nn.Module:
-        return small.fsdp(
+        return small.fsdp1(
             seeded_transformer(),
             world.device,
             process_group=group,
             use_orig_params=True,
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            auto_wrap_policy=fsdp_wrap.ModuleWrapPolicy({Block}),
         )
 
     source = make()

@@ -14,18 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
 
 from conformance._compare import assert_state_dict_equal
-from conformance._models import ground_truth, seeded_mlp, train
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, comparison_tolerance
-
-FULL = StateDictOptions(full_state_dict=True)
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
+from conformance._upstream import dsd, full_options
+from conformance.models.common import ground_truth, seeded_mlp, train
 
 
 def _cells() -> list[tuple[str, str]]:
@@ -38,19 +32,20 @@ def _cells() -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.world(1, 2, 4)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize(("name", "recipe"), _cells())
 @pytest.mark.parametrize("steps", [0, 2])
 def test_full_state_dicts_equal_single_process(world, name, recipe, steps):
     parallelism = PARALLELISMS[name]
-    parallelism.skip_unless_supported(world.size)
     model = parallelism.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, steps, scheduler)
     expected = ground_truth(steps, OPTIMIZERS[recipe])
     tolerance = comparison_tolerance(parallelism)
-    assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected.model, **tolerance)
-    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(
+        dsd.get_model_state_dict(model, options=full_options()), expected.model, **tolerance
+    )
+    actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     if steps:  # before any step, DSD creates the state itself
         assert_state_dict_equal(actual["state"], expected.optimizer_state, **tolerance)
     assert _groups_by_params(actual["param_groups"]) == _groups_by_params(expected.param_groups)

@@ -4,24 +4,38 @@ For each parallelism and set of options, the torch build's
 ``torch.distributed.checkpoint.state_dict`` and the oracle's
 ``reference_impl.state_dict`` run on the same model instance and must give
 identical results: keys, types, placements, local shards, values.
+
+Torch's ``get_model_state_dict``/``get_optimizer_state_dict`` and the oracle's on the same
+model, for every parallelism and option set (sharded, ``cpu_offload``, ``full_state_dict``,
+both, flattened optimizer state, ``ignore_frozen_params``), compared key by key, placement
+by placement and shard by shard (ShardedTensors by metadata and local shards);
+``set_state_dict`` by torch and by the oracle into fresh models, sharded and full, must
+leave identical models and optimizers; every optimizer by sharded/full/flattened get and
+load; get → set → get is the identity; a load leaves the caller's dicts unchanged; a key the
+model lacks makes a strict load raise, naming it, and a non-strict load report it, in torch
+as in the oracle; ``broadcast_from_rank0``, with rank 0 alone passing the full model and
+optimizer dicts (the others ``{}``) to ``set_model_state_dict`` and
+``set_optimizer_state_dict``, into every parallelism (FSDP1 cells included) by torch and by
+the oracle, leaves identical models and optimizers holding the source's values; a strict
+broadcast load whose dict lacks a key raises on every rank, naming it; the deprecated
+``submodules`` selection (``fc2`` alone, its prefix kept or cut by
+``keep_submodule_prefixes``), sharded and full, in every parallelism.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any
 
 import pytest
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._models import seeded_mlp, train, unwrapped_name
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, Parallelism
-from conformance._upstream import DSD, upstream
+from conformance._parallelisms import PARALLELISMS, Parallelism, exists_at_size, first_size_only
+from conformance._upstream import ddp, dsd, quiet_deprecations
+from conformance.models.common import seeded_mlp, train, unwrapped_name
 
 OPTION_SETS: dict[str, dict[str, bool]] = {
     "sharded": {},
@@ -35,7 +49,7 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
 
 def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
-    parallelism.skip_unless_supported(world.size)
+    parallelism.require(world.size)
     model = parallelism.parallelise(seeded_mlp(), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     train(model, optimizer, steps=2)
@@ -43,7 +57,7 @@ def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.
 
 
 def both_options(options: dict[str, bool]) -> tuple[Any, ri.StateDictOptions]:
-    theirs = upstream(DSD, "StateDictOptions")(**options)
+    theirs = dsd.StateDictOptions(**options)
     return theirs, ri.StateDictOptions(**options)
 
 
@@ -62,13 +76,13 @@ def _get_cells() -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.world(1, 2, 4)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize(("name", "options"), _get_cells())
 def test_get_state_dict_matches_the_oracle(world, name, options):
     model, optimizer = build(PARALLELISMS[name], world)
     theirs, ours = both_options(OPTION_SETS[options])
-    get_model = upstream(DSD, "get_model_state_dict")
-    get_optimizer = upstream(DSD, "get_optimizer_state_dict")
+    get_model = dsd.get_model_state_dict
+    get_optimizer = dsd.get_optimizer_state_dict
     assert_trees_identical(
         get_model(model, options=theirs), ri.get_model_state_dict(model, options=ours)
     )
@@ -78,7 +92,7 @@ def test_get_state_dict_matches_the_oracle(world, name, options):
     )
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only())
 @pytest.mark.parametrize("options", ["sharded", "full", "flat_optim"])
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
@@ -89,19 +103,17 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     which keeps the product of optimizers and options affordable.
     """
     parallelism = PARALLELISMS[name]
-    OPTIMIZERS[recipe].skip_unless_covered(parallelism, world.size)
+    OPTIMIZERS[recipe].skip_unless_applies(parallelism)
     model = parallelism.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
     model.zero_grad(set_to_none=True)  # fresh optimizers below create their state by a step
     theirs, ours = both_options(OPTION_SETS[options])
     saved = ri.get_optimizer_state_dict(model, optimizer, options=ours)
-    assert_trees_identical(
-        upstream(DSD, "get_optimizer_state_dict")(model, optimizer, options=theirs), saved
-    )
+    assert_trees_identical(dsd.get_optimizer_state_dict(model, optimizer, options=theirs), saved)
     loaded = []
     for load, options_used in (
-        (upstream(DSD, "set_optimizer_state_dict"), theirs),
+        (dsd.set_optimizer_state_dict, theirs),
         (ri.set_optimizer_state_dict, ours),
     ):
         fresh_optimizer, _ = OPTIMIZERS[recipe].build(model)
@@ -110,7 +122,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     assert_trees_identical(loaded[0], loaded[1])
 
 
-@pytest.mark.world(1, 2, 4)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("options", ["sharded", "full"])
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_set_state_dict_matches_the_oracle(world, name, options):
@@ -121,7 +133,7 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
     optim_state = ri.get_optimizer_state_dict(source, source_optimizer, options=ours)
     results = []
     for loader, options_used in (
-        (upstream(DSD, "set_state_dict"), theirs),
+        (dsd.set_state_dict, theirs),
         (ri.set_state_dict, ours),
     ):
         model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
@@ -144,12 +156,12 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
     assert_trees_identical(results[1][1], model_state)
 
 
-@pytest.mark.world(1, 2, 4)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_get_set_get_is_the_identity(world, name):
     """Save, train on, load what was saved: the model and optimizer are back where they were."""
     model, optimizer = build(PARALLELISMS[name], world)
-    get_state, set_state = upstream(DSD, "get_state_dict"), upstream(DSD, "set_state_dict")
+    get_state, set_state = dsd.get_state_dict, dsd.set_state_dict
     model_state, optim_state = copy.deepcopy(get_state(model, optimizer))
     full = ri.StateDictOptions(full_state_dict=True)
     expected = copy.deepcopy(ri.get_state_dict(model, optimizer, options=full))
@@ -160,7 +172,7 @@ def test_get_set_get_is_the_identity(world, name):
     assert_state_dict_equal(actual[1]["state"], expected[1]["state"])
 
 
-@pytest.mark.world(2)
+@pytest.mark.world(2, applies=exists_at_size())
 @pytest.mark.parametrize("options", ["sharded", "full"])
 @pytest.mark.parametrize("name", ["ddp", "fsdp2"])
 def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options):
@@ -170,7 +182,7 @@ def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options)
     model_state = ri.get_model_state_dict(model, options=ours)
     optim_state = ri.get_optimizer_state_dict(model, optimizer, options=ours)
     given_model, given_optim = copy.deepcopy(model_state), copy.deepcopy(optim_state)
-    upstream(DSD, "set_state_dict")(
+    dsd.set_state_dict(
         model, optimizer, model_state_dict=given_model, optim_state_dict=given_optim, options=theirs
     )
     assert_trees_identical(given_model, model_state)
@@ -180,11 +192,11 @@ def test_set_state_dict_leaves_the_callers_dicts_unchanged(world, name, options)
 def _model_loader(loader: str) -> tuple[Any, Any]:
     """``set_model_state_dict`` and ``StateDictOptions`` of torch or of the oracle."""
     if loader == "torch":
-        return upstream(DSD, "set_model_state_dict"), upstream(DSD, "StateDictOptions")
+        return dsd.set_model_state_dict, dsd.StateDictOptions
     return ri.set_model_state_dict, ri.StateDictOptions
 
 
-@pytest.mark.world(2)
+@pytest.mark.world(2, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, name):
     """A key the model lacks: strict loading raises, in torch and in the oracle, naming it;
@@ -203,7 +215,7 @@ def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, 
 BROADCAST = {"full_state_dict": True, "broadcast_from_rank0": True}
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_broadcast_from_rank0_matches_the_oracle(world, name):
     """Rank 0 alone passes the full model and optimizer dicts, the others ``{}``, to
@@ -215,8 +227,8 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
     optim_state = ri.get_optimizer_state_dict(source, source_optimizer, options=full)
     theirs, ours = both_options(BROADCAST)
     upstream_loaders = (
-        upstream(DSD, "set_model_state_dict"),
-        upstream(DSD, "set_optimizer_state_dict"),
+        dsd.set_model_state_dict,
+        dsd.set_optimizer_state_dict,
     )
     oracle_loaders = (ri.set_model_state_dict, ri.set_optimizer_state_dict)
     results = []
@@ -237,7 +249,9 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
     assert_trees_identical(results[1][1]["state"], optim_state["state"])
 
 
-@pytest.mark.world(2, timeout=20)  # a hang is cut here; a correct build takes a second
+@pytest.mark.world(
+    2, timeout=20, applies=exists_at_size()
+)  # a hang is cut here; a correct build takes a second
 @pytest.mark.parametrize("loader", ["torch", "oracle"])
 @pytest.mark.parametrize("name", ["ddp", "fsdp2", "fsdp1_full_shard_flat", "fsdp1_full_shard_orig"])
 def test_broadcast_from_rank0_refuses_a_missing_key_on_every_rank(world, name, loader):
@@ -255,14 +269,14 @@ def test_broadcast_from_rank0_refuses_a_missing_key_on_every_rank(world, name, l
 def _submodule(model: torch.nn.Module, fqn: str) -> torch.nn.Module:
     """The first module whose name, wrapper segments left out, is ``fqn`` (under FSDP1 the
     wrapper, under DDP the module DDP holds)."""
-    root = model.module if isinstance(model, DistributedDataParallel) else model
+    root = model.module if isinstance(model, ddp.DistributedDataParallel) else model
     for name, module in root.named_modules():
         if unwrapped_name(name) == fqn:
             return module
     raise LookupError(f"{type(model).__name__} has no submodule {fqn}")
 
 
-@pytest.mark.world(2)
+@pytest.mark.world(2, applies=exists_at_size())
 @pytest.mark.parametrize("keep_prefixes", [True, False], ids=["prefix_kept", "prefix_cut"])
 @pytest.mark.parametrize("options", ["sharded", "full"])
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
@@ -272,9 +286,8 @@ def test_submodule_state_dict_matches_the_oracle(world, name, options, keep_pref
     model, _ = build(PARALLELISMS[name], world)
     theirs, ours = both_options({**OPTION_SETS[options], "keep_submodule_prefixes": keep_prefixes})
     fc2 = _submodule(model, "fc2")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        got = upstream(DSD, "get_model_state_dict")(model, submodules={fc2}, options=theirs)
+    with quiet_deprecations():
+        got = dsd.get_model_state_dict(model, submodules={fc2}, options=theirs)
     expected = ri.get_model_state_dict(model, submodules={fc2}, options=ours)
     assert_trees_identical(got, expected)
     assert sorted(expected) == (["fc2.bias", "fc2.weight"] if keep_prefixes else ["bias", "weight"])

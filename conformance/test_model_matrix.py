@@ -6,6 +6,20 @@ wrapped by the cells below must give the single-process state dicts, agree with
 the oracle, and load back what it saved. Each cell runs at the smallest world
 size it has above one rank. Tensor-parallel cells compare within the tolerances
 of ``comparison_tolerance``; every other cell is exact.
+
+Tied embeddings (one parameter, two FQNs), frozen parameters (``fc1`` frozen), extra state
+(``get_extra_state``), a small transformer (``conformance/models/transformer.py``: two blocks of
+causal attention and a feed-forward layer whose width 10 splits unevenly, layer norms,
+Megatron-style TP plan), and the MLP and transformer under activation checkpointing
+(``*_checkpointed``) and ``torch.compile`` with the eager backend (``*_compiled``). Each
+runs in ``ddp``, FSDP1 (FULL_SHARD orig/flat nested, SHARD_GRAD_OP flat, HYBRID_SHARD orig
+nested), ``fsdp2``, ``fsdp2_keep_unsharded``, ``hsdp2``, ``tp`` and ``fsdp2_tp`` where the
+model allows it (the reason is the skip's: no TP plan, frozen and trainable parameters in
+one flat parameter), at the cell's smallest world size above one: full state dicts equal the
+single-process ones; torch's and the oracle's get agree (sharded, full,
+``ignore_frozen_params``); and torch's set loads back what torch's get saved after one more
+step. Every model is also saved through DCP at 4 ranks (FSDP2, HSDP2) and loaded at 2 (FSDP1
+FULL_SHARD orig nested, DDP) and at 1 (rank 0 alone): the full state is the saved one.
 """
 
 from __future__ import annotations
@@ -19,10 +33,15 @@ import torch
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._dcp import load_checkpoint, save_checkpoint
-from conformance._model_zoo import MODELS, TRAIN_STEPS, ModelRecipe
-from conformance._parallelisms import PARALLELISMS, Parallelism, comparison_tolerance
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    comparison_tolerance,
+    first_size_only,
+)
 from conformance._subworld import SubWorld
-from conformance._upstream import DSD, upstream
+from conformance._upstream import dsd
+from conformance.models.zoo import MODELS, TRAIN_STEPS, ModelRecipe
 
 CELLS = (
     "ddp",
@@ -49,10 +68,7 @@ def _trained(
     recipe: ModelRecipe, cell: Parallelism, world: Any
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model in ``cell``, trained ``TRAIN_STEPS`` Adam steps; skips where it cannot run."""
-    cell.skip_unless_supported(world.size)
-    smallest = min(size for size in cell.sizes if size >= 2)
-    if world.size != smallest:
-        pytest.skip(f"{cell.name} is covered at world size {smallest}")
+    cell.require(world.size)
     reason = recipe.unsupported(cell)
     if reason is not None:
         pytest.skip(reason)
@@ -62,7 +78,7 @@ def _trained(
     return model, optimizer
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_model_state_equals_single_process(world, model_id, cell):
@@ -70,45 +86,43 @@ def test_model_state_equals_single_process(world, model_id, cell):
     model, optimizer = _trained(recipe, parallelism, world)
     expected = recipe.ground_truth(TRAIN_STEPS)
     tolerance = comparison_tolerance(parallelism)
-    get_model = upstream(DSD, "get_model_state_dict")
-    get_optimizer = upstream(DSD, "get_optimizer_state_dict")
-    theirs = upstream(DSD, "StateDictOptions")(full_state_dict=True)
+    get_model = dsd.get_model_state_dict
+    get_optimizer = dsd.get_optimizer_state_dict
+    theirs = dsd.StateDictOptions(full_state_dict=True)
     assert_state_dict_equal(get_model(model, options=theirs), expected.model, **tolerance)
     actual = get_optimizer(model, optimizer, options=theirs)
     assert_state_dict_equal(actual["state"], expected.optimizer_state, **tolerance)
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_model_get_state_dict_matches_the_oracle(world, model_id, cell, options):
     model, optimizer = _trained(MODELS[model_id], PARALLELISMS[cell], world)
-    theirs = upstream(DSD, "StateDictOptions")(**OPTION_SETS[options])
+    theirs = dsd.StateDictOptions(**OPTION_SETS[options])
     ours = ri.StateDictOptions(**OPTION_SETS[options])
     assert_trees_identical(
-        upstream(DSD, "get_model_state_dict")(model, options=theirs),
+        dsd.get_model_state_dict(model, options=theirs),
         ri.get_model_state_dict(model, options=ours),
     )
     assert_trees_identical(
-        upstream(DSD, "get_optimizer_state_dict")(model, optimizer, options=theirs),
+        dsd.get_optimizer_state_dict(model, optimizer, options=theirs),
         ri.get_optimizer_state_dict(model, optimizer, options=ours),
     )
 
 
-@pytest.mark.world(2, 4)
+@pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_model_load_restores_what_was_saved(world, model_id, cell):
     """torch's get, one more step, torch's set: the full state dicts are back as saved."""
     recipe = MODELS[model_id]
     model, optimizer = _trained(recipe, PARALLELISMS[cell], world)
-    model_state, optim_state = copy.deepcopy(upstream(DSD, "get_state_dict")(model, optimizer))
+    model_state, optim_state = copy.deepcopy(dsd.get_state_dict(model, optimizer))
     expected = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
     recipe.train(model, optimizer, 1)
-    upstream(DSD, "set_state_dict")(
-        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
-    )
+    dsd.set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     actual = ri.get_state_dict(model, optimizer, options=FULL)
     assert_state_dict_equal(actual[0], expected[0])
     assert_state_dict_equal(actual[1]["state"], expected[1]["state"])

@@ -2,6 +2,9 @@
 
 Upstream runs these on CUDA only; here each case holds both the torch build
 and the oracle to the case's expectation.
+
+CPU-world counterparts of upstream's own ``test_state_dict_utils.py`` cases, for both torch
+and the oracle.
 """
 
 from __future__ import annotations
@@ -14,24 +17,23 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
 
 import reference_impl as ri
 from conformance._compare import assert_trees_identical
-from conformance._upstream import STATE_DICT_UTILS, upstream
+from conformance._upstream import dtensor, sdu
 
 
 def both(name: str, oracle: Callable[..., Any]) -> list[tuple[str, Callable[..., Any]]]:
-    return [("torch", upstream(STATE_DICT_UTILS, name)), ("oracle", oracle)]
+    return [("torch", sdu.get(name)), ("oracle", oracle)]
 
 
-def rank_seeded_dtensor(world: Any) -> tuple[DTensor, torch.Tensor]:
+def rank_seeded_dtensor(world: Any) -> tuple[dtensor.DTensor, torch.Tensor]:
     """A Shard(0) DTensor of per-rank random 3x3x3 pieces, and their concatenation."""
     mesh = world.mesh(world.size, ("dp",))
     local = torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(world.rank))
     pieces = [torch.empty_like(local) for _ in range(world.size)]
     dist.all_gather(pieces, local)
-    return DTensor.from_local(local, mesh, [Shard(0)]), torch.cat(pieces)
+    return dtensor.DTensor.from_local(local, mesh, [dtensor.Shard(0)]), torch.cat(pieces)
 
 
 @pytest.mark.world(2, 4)

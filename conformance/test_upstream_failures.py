@@ -4,32 +4,37 @@ Each test states the correct behaviour and names the upstream issue. Where
 the torch under test still fails, its manifest lists the test with the
 reason; a crash or hang is cut by the harness's deadline and reported with
 every rank's stack.
+
+Each failure upstream has had (pytorch#136228, #157781, #138842 under NCCL, #128011,
+#192225, #192202, #158519, #124546, #128444, PR #128004) and each real failure of torch
+2.13.0 on CPU, as a test of the correct behaviour. A hang is cut at 30 s and reported with
+every rank's stack; a segfault with its signal.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-    set_state_dict,
-)
 
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._models import ground_truth, seeded_mlp, seeded_tied, tokens, train
 from conformance._parallelisms import PARALLELISMS
-from conformance._upstream import STATE_DICT_UTILS, upstream
+from conformance._upstream import (
+    activation_checkpointing,
+    dcp,
+    ddp,
+    dsd,
+    dtensor,
+    fsdp,
+    full_options,
+    quiet_deprecations,
+    sdu,
+    sharded_tensor,
+)
+from conformance.models.common import ground_truth, seeded_mlp, seeded_tied, tokens, train
 
-FULL = StateDictOptions(full_state_dict=True)
 HANG_DEADLINE_S = 30  # a correct build takes well under a second here
 
 
@@ -50,8 +55,8 @@ def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
     """pytorch#188989: rank 0 gets the full CPU state dict, the other ranks an empty one."""
     model = _wrapped(f"fsdp1_full_shard_{params}", world)
     expected = ground_truth(steps=0).model
-    actual = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    actual = dsd.get_model_state_dict(
+        model, options=dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if world.rank == 0:
         assert_state_dict_equal(actual, expected)
@@ -65,38 +70,37 @@ def test_broadcast_from_rank0_with_empty_dicts_on_other_ranks(world):
     source = _wrapped("fsdp2", world)
     source_optimizer = _adam(source)
     train(source, source_optimizer, steps=2)
-    model_state, optim_state = get_state_dict(source, source_optimizer, options=FULL)
+    model_state, optim_state = dsd.get_state_dict(source, source_optimizer, options=full_options())
     model = _wrapped("fsdp2", world)
     optimizer = _adam(model)
     given = (model_state, optim_state) if world.rank == 0 else ({}, {})
-    set_state_dict(
+    dsd.set_state_dict(
         model,
         optimizer,
         model_state_dict=given[0],
         optim_state_dict=given[1],
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        options=dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
     expected = ground_truth(steps=2).model
-    assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
+    assert_state_dict_equal(dsd.get_model_state_dict(model, options=full_options()), expected)
 
 
 @pytest.mark.world(2)
 def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(world):
     """HYBRID_SHARD on a (N, 1) mesh: replicas of one rank each, optimizer state still exact."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
     mesh = world.mesh((world.size, 1), ("replicate", "shard"))
-    model = FullyShardedDataParallel(
+    model = fsdp.FullyShardedDataParallel(
         seeded_mlp(),
         device_mesh=mesh,
         device_id=world.device,
-        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        sharding_strategy=fsdp.ShardingStrategy.HYBRID_SHARD,
         use_orig_params=True,
     )
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
     expected_state = ground_truth(steps=2).optimizer_state
-    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(actual["state"], expected_state)
 
 
@@ -104,16 +108,16 @@ def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(wor
 def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
     """``rekey_optim_state_dict(PARAM_ID)`` given the wrapped model keys each FQN by its
     original parameter's position: the result loads into an unwrapped model's Adam as is."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
 
     model = _wrapped("fsdp1_full_shard_flat", world)
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        full = FullyShardedDataParallel.full_optim_state_dict(model, optimizer, rank0_only=False)
-        rekeyed = FullyShardedDataParallel.rekey_optim_state_dict(
-            full, OptimStateKeyType.PARAM_ID, model
+    with quiet_deprecations():
+        full = fsdp.FullyShardedDataParallel.full_optim_state_dict(
+            model, optimizer, rank0_only=False
+        )
+        rekeyed = fsdp.FullyShardedDataParallel.rekey_optim_state_dict(
+            full, fsdp.OptimStateKeyType.PARAM_ID, model
         )
     plain = seeded_mlp()
     plain_optimizer = _adam(plain)
@@ -127,7 +131,7 @@ def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
 def test_comparing_sharded_tensors_with_torch_equal(world):
     """``torch.equal`` on two CPU ShardedTensors (an FSDP1 sharded state dict) says True."""
     model = _wrapped("fsdp1_full_shard_orig", world)
-    state = get_model_state_dict(model)
+    state = dsd.get_model_state_dict(model)
     weight = state["fc1.weight"]
     assert torch.equal(weight, copy.deepcopy(weight))
 
@@ -140,12 +144,12 @@ def test_frozen_parameters_keep_their_optimizer_state_on_load(world, name):
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
     _freeze_fc1_weight(model)
-    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
     fresh = _wrapped(name, world)
     _freeze_fc1_weight(fresh)
     fresh_optimizer = _adam(fresh)
-    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=FULL)
-    loaded = get_optimizer_state_dict(fresh, fresh_optimizer, options=FULL)
+    dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=full_options())
+    loaded = dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=full_options())
     assert_state_dict_equal(loaded["state"], saved["state"])
 
 
@@ -160,14 +164,13 @@ def test_cpu_state_dict_of_a_dtensor_whose_local_tensor_is_a_view(world):
     """PR #167597 gave a DTensor its local tensor's storage offset; ``_create_cpu_state_dict``
     deep-copies CPU DTensors, and ``Tensor.__deepcopy__`` then takes a DTensor made from a
     chunk at an offset (here rank 1's) for one with real storage: "invalid python storage"."""
-    from torch.distributed.tensor import DTensor, Shard
 
-    create = upstream(STATE_DICT_UTILS, "_create_cpu_state_dict")
+    create = sdu._create_cpu_state_dict
     full = torch.arange(4.0 * world.size, device=world.device)
     local = full.chunk(world.size)[world.rank]  # a view at offset 4 * rank
-    value = DTensor.from_local(local, world.mesh(world.size, ("dp",)), [Shard(0)])
+    value = dtensor.DTensor.from_local(local, world.mesh(world.size, ("dp",)), [dtensor.Shard(0)])
     created = create({"w": value})["w"]
-    assert isinstance(created, DTensor)
+    assert isinstance(created, dtensor.DTensor)
     assert (created.placements, created.shape) == (value.placements, value.shape)
     assert created.to_local().device.type == "cpu"
     assert created.to_local().shape == local.shape
@@ -179,8 +182,6 @@ def test_dcp_load_on_a_rank_without_local_shards(world):
     """A rank holding no shard of a ShardedTensor (FSDP1 chunks 5 rows as 2, 2, 1, 0): the
     load planner drops that key there, takes the gap for a pre-2.4 checkpoint, re-keys the
     state dict in the old format, and then misses ``groups`` (old format: one key per list)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
 
     rows = world.size - 1  # the last rank holds none
 
@@ -188,9 +189,11 @@ def test_dcp_load_on_a_rank_without_local_shards(world):
         shards = []
         if world.rank < rows:
             placement = f"rank:{world.rank}/{world.device}"
-            metadata = ShardMetadata([world.rank, 0], [1, 2], placement)
-            shards.append(Shard(torch.full((1, 2), fill, device=world.device), metadata))
-        return {"w": init_from_local_shards(shards, rows, 2), "groups": [{"lr": lr}]}
+            metadata = sharded_tensor.ShardMetadata([world.rank, 0], [1, 2], placement)
+            shards.append(
+                sharded_tensor.Shard(torch.full((1, 2), fill, device=world.device), metadata)
+            )
+        return {"w": sharded_tensor.init_from_local_shards(shards, rows, 2), "groups": [{"lr": lr}]}
 
     path = str(world.tmp_path / "checkpoint")
     dcp.save(state(float(world.rank), 0.1), checkpoint_id=path)
@@ -206,19 +209,18 @@ def test_fsdp1_offloaded_optimizer_state_with_orig_params_equals_single_process(
     """With ``use_orig_params``, FSDP1 gathers each state name into a buffer and, when offloading,
     skips the copy and calls ``.cpu()``: a no-op on CPU, so ``exp_avg`` is left a view of a
     buffer that the gather of ``exp_avg_sq`` then overwrites."""
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     model = _wrapped("fsdp1_full_shard_orig", world)
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
-    optim_config = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with FSDP.state_dict_type(
-            model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), optim_config
-        ):
-            state = FSDP.optim_state_dict(model, optimizer)["state"]
+    optim_config = fsdp.FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)
+    with (
+        quiet_deprecations(),
+        fsdp.FullyShardedDataParallel.state_dict_type(
+            model, fsdp.StateDictType.FULL_STATE_DICT, fsdp.FullStateDictConfig(), optim_config
+        ),
+    ):
+        state = fsdp.FullyShardedDataParallel.optim_state_dict(model, optimizer)["state"]
     assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
 
 
@@ -231,14 +233,14 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
     source = _wrapped("fsdp1_full_shard_flat", world)
     source_optimizer = _adam(source)
     train(source, source_optimizer, steps=2)
-    model_state = get_model_state_dict(source, options=FULL)
-    optim_state = get_optimizer_state_dict(source, source_optimizer, options=FULL)
+    model_state = dsd.get_model_state_dict(source, options=full_options())
+    optim_state = dsd.get_optimizer_state_dict(source, source_optimizer, options=full_options())
     target = _wrapped(loaded_by, world)
     target_optimizer = _adam(target)
-    set_model_state_dict(target, model_state, options=FULL)
-    set_optimizer_state_dict(target, target_optimizer, optim_state, options=FULL)
+    dsd.set_model_state_dict(target, model_state, options=full_options())
+    dsd.set_optimizer_state_dict(target, target_optimizer, optim_state, options=full_options())
     train(target, target_optimizer, steps=1, start=2)
-    state = get_optimizer_state_dict(target, target_optimizer, options=FULL)["state"]
+    state = dsd.get_optimizer_state_dict(target, target_optimizer, options=full_options())["state"]
     assert_state_dict_equal(state, ground_truth(steps=3).optimizer_state)
 
 
@@ -251,13 +253,19 @@ def test_full_load_of_uneven_fsdp2_tp_tensors(world):
     source = _wrapped("fsdp2_tp", world)
     source_optimizer = _adam(source)
     train(source, source_optimizer, steps=2)
-    model_state, optim_state = copy.deepcopy(get_state_dict(source, source_optimizer, options=FULL))
+    model_state, optim_state = copy.deepcopy(
+        dsd.get_state_dict(source, source_optimizer, options=full_options())
+    )
     model = _wrapped("fsdp2_tp", world)
     optimizer = _adam(model)
-    set_state_dict(
-        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=FULL
+    dsd.set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
+        options=full_options(),
     )
-    loaded_model, loaded_optim = get_state_dict(model, optimizer, options=FULL)
+    loaded_model, loaded_optim = dsd.get_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(loaded_model, model_state)
     assert_state_dict_equal(loaded_optim["state"], optim_state["state"])
 
@@ -266,22 +274,20 @@ def test_full_load_of_uneven_fsdp2_tp_tensors(world):
 @pytest.mark.parametrize("name", ["ddp", "fsdp2"])
 def test_shared_parameters_in_set_optimizer_state_dict(world, name):
     """pytorch#128011: a tied parameter's state loads through whichever FQN names it."""
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
         if name == "ddp":
-            return DistributedDataParallel(model)
-        return fully_shard(model, mesh=world.mesh(world.size, ("dp",)))
+            return ddp.DistributedDataParallel(model)
+        return fsdp.fully_shard(model, mesh=world.mesh(world.size, ("dp",)))
 
     model = wrap(seeded_tied())
     optimizer = _adam(model)
     train(model, optimizer, steps=2, inputs=tokens)
-    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
     fresh = wrap(seeded_tied())
     fresh_optimizer = _adam(fresh)
-    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=FULL)
-    loaded = get_optimizer_state_dict(fresh, fresh_optimizer, options=FULL)
+    dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=full_options())
+    loaded = dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=full_options())
     assert_state_dict_equal(loaded["state"], saved["state"])
 
 
@@ -292,13 +298,15 @@ def test_flattened_round_trip_with_stateless_sgd(world, name):
     model = _wrapped(name, world)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, optimizer, steps=2)
-    flat = StateDictOptions(flatten_optimizer_state_dict=True)
-    saved = get_optimizer_state_dict(model, optimizer, options=flat)
+    flat = dsd.StateDictOptions(flatten_optimizer_state_dict=True)
+    saved = dsd.get_optimizer_state_dict(model, optimizer, options=flat)
     fresh = _wrapped(name, world)
     fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.5)
-    set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=flat)
+    dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=flat)
     assert [g["lr"] for g in fresh_optimizer.param_groups] == [0.1]
-    assert_trees_identical(get_optimizer_state_dict(fresh, fresh_optimizer, options=flat), saved)
+    assert_trees_identical(
+        dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=flat), saved
+    )
 
 
 @pytest.mark.world(2)
@@ -307,29 +315,29 @@ def test_compiled_model_keys_before_and_after_set(world):
     model = torch.compile(_wrapped("fsdp2", world), backend="eager")
     optimizer = _adam(model)
     train(model, optimizer, steps=1)
-    before = get_model_state_dict(model)
+    before = dsd.get_model_state_dict(model)
     expected_keys = list(ground_truth(steps=0).model)
     assert sorted(before) == sorted(expected_keys)
-    set_model_state_dict(model, copy.deepcopy(before))
-    assert sorted(get_model_state_dict(model)) == sorted(expected_keys)
+    dsd.set_model_state_dict(model, copy.deepcopy(before))
+    assert sorted(dsd.get_model_state_dict(model)) == sorted(expected_keys)
 
 
 @pytest.mark.world(2)
 def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(world):
     """pytorch#124546: FSDP1 without orig params plus checkpoint wrappers: canonical FQNs."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-    )
-    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    model = FullyShardedDataParallel(seeded_mlp(), device_id=world.device, use_orig_params=False)
-    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, torch.nn.Linear))
+    model = fsdp.FullyShardedDataParallel(
+        seeded_mlp(), device_id=world.device, use_orig_params=False
+    )
+    activation_checkpointing.apply_activation_checkpointing(
+        model, check_fn=lambda m: isinstance(m, torch.nn.Linear)
+    )
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
     truth = ground_truth(steps=2)
     expected, expected_state = truth.model, truth.optimizer_state
-    assert_state_dict_equal(get_model_state_dict(model, options=FULL), expected)
-    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    assert_state_dict_equal(dsd.get_model_state_dict(model, options=full_options()), expected)
+    actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(actual["state"], expected_state)
 
 
@@ -340,26 +348,27 @@ def test_hsdp_set_optimizer_state_dict(world, name):
     model = _wrapped(name, world)
     optimizer = _adam(model)
     train(model, optimizer, steps=2)
-    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer))
-    expected = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=FULL))
+    saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer))
+    expected = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
     train(model, optimizer, steps=1)
-    set_optimizer_state_dict(model, optimizer, saved)
-    actual = get_optimizer_state_dict(model, optimizer, options=FULL)
+    dsd.set_optimizer_state_dict(model, optimizer, saved)
+    actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(actual["state"], expected["state"])
 
 
 @pytest.mark.world(2)
 def test_fsdp2_optimizer_state_is_dtensor_in_sharded_state_dicts(world):
     """PR #128004: ``exp_avg`` of a sharded parameter is a DTensor like the parameter."""
-    from torch.distributed.tensor import DTensor
 
     model = _wrapped("fsdp2", world)
     optimizer = _adam(model)
     train(model, optimizer, steps=1)
-    state = get_optimizer_state_dict(model, optimizer)["state"]
+    state = dsd.get_optimizer_state_dict(model, optimizer)["state"]
     for fqn, entries in state.items():
         for name in ("exp_avg", "exp_avg_sq"):
-            assert isinstance(entries[name], DTensor), f"{fqn}.{name}: {type(entries[name])}"
+            assert isinstance(entries[name], dtensor.DTensor), (
+                f"{fqn}.{name}: {type(entries[name])}"
+            )
 
 
 @pytest.mark.world(1)
@@ -372,6 +381,6 @@ def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
     expected = ground_truth(steps=0).model
     zeros = {k: torch.zeros_like(v) for k, v in expected.items()}
     model.load_state_dict(zeros)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, expected if world.rank == 0 else {}, options=options)
+    options = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    dsd.set_model_state_dict(model, expected if world.rank == 0 else {}, options=options)
     assert_state_dict_equal(model.state_dict(), expected)

@@ -7,7 +7,7 @@ import torch
 from torch.distributed.fsdp import OptimStateKeyType
 
 import reference_impl as ri
-from conformance._models import seeded_mlp, train
+from conformance.models.common import seeded_mlp, train
 
 NAME, ID = OptimStateKeyType.PARAM_NAME, OptimStateKeyType.PARAM_ID
 

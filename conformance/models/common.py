@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance._upstream import dtensor, tensor_parallel
+
 SEED = 1234
 VOCAB = 11
 
@@ -44,12 +46,10 @@ class MLPWithBuffers(nn.Module):
 
     def tp_plan(self) -> dict[str, Any]:
         """fc1 column-wise, fc2 row-wise, the activations between them replicated."""
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         return {
-            "fc1": ColwiseParallel(output_layouts=Replicate()),
-            "fc2": RowwiseParallel(input_layouts=Replicate()),
+            "fc1": tensor_parallel.ColwiseParallel(output_layouts=dtensor.Replicate()),
+            "fc2": tensor_parallel.RowwiseParallel(input_layouts=dtensor.Replicate()),
         }
 
 

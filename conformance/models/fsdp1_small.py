@@ -1,4 +1,6 @@
-"""The small FSDP1 models of upstream's ``test_fsdp_state_dict.py``, built our way.
+"""The small FSDP1 models of upstream's ``test_fsdp_state_dict.py`` and
+``test_fsdp_optim_state.py``, built our way, and the suite's own small FSDP1 cases (``Tiny``,
+``OneElement``: shards that run out before the ranks do).
 
 Each builder seeds the generator first, so every rank (and every fresh copy)
 starts from the same values, and wraps with ``FullyShardedDataParallel`` on
@@ -9,41 +11,40 @@ the FSDP wrappers, where upstream puts them.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-)
-from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+
+from conformance._upstream import activation_checkpointing, fsdp, quiet_deprecations
+from conformance.models import common
 
 SEED = 4321
-HALF = MixedPrecision(
-    param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16
-)
 
 
-def fsdp(module: nn.Module, device: torch.device, **kwargs: Any) -> FullyShardedDataParallel:
+def half_precision() -> Any:
+    """FSDP1 mixed precision that computes, reduces and keeps buffers in float16."""
+    return fsdp.MixedPrecision(
+        param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16
+    )
+
+
+def fsdp1(module: nn.Module, device: torch.device, **kwargs: Any) -> fsdp.FullyShardedDataParallel:
     """FSDP1 on the rank's device; its deprecation and NO_SHARD warnings are silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return FullyShardedDataParallel(module, device_id=device, **kwargs)
+    with quiet_deprecations():
+        return fsdp.FullyShardedDataParallel(module, device_id=device, **kwargs)
 
 
 def _linear(checkpoint: bool = False) -> nn.Module:
     linear = nn.Linear(10, 10, bias=False)
-    return checkpoint_wrapper(linear) if checkpoint else linear
+    return activation_checkpointing.checkpoint_wrapper(linear) if checkpoint else linear
 
 
 def simple(device: torch.device, checkpoint: bool = False, **kwargs: Any) -> nn.Module:
     """One FSDP wrapper around one linear layer."""
     torch.manual_seed(SEED)
-    return fsdp(_linear(checkpoint), device, **kwargs)
+    return fsdp1(_linear(checkpoint), device, **kwargs)
 
 
 def nested(
@@ -54,10 +55,10 @@ def nested(
     first, second = _linear(checkpoint and wrap), _linear(checkpoint and wrap)
     if not wrap:
         return nn.Sequential(first, second)
-    sequence: nn.Module = nn.Sequential(fsdp(first, device, **kwargs), second)
+    sequence: nn.Module = nn.Sequential(fsdp1(first, device, **kwargs), second)
     if checkpoint:
-        sequence = checkpoint_wrapper(sequence)
-    return fsdp(sequence, device, **kwargs)
+        sequence = activation_checkpointing.checkpoint_wrapper(sequence)
+    return fsdp1(sequence, device, **kwargs)
 
 
 class NonFsdpRoot(nn.Module):
@@ -75,7 +76,7 @@ class NonFsdpRoot(nn.Module):
 
 
 def multi_buffer(
-    device: torch.device, mixed_precision: MixedPrecision | None = None, **kwargs: Any
+    device: torch.device, mixed_precision: fsdp.MixedPrecision | None = None, **kwargs: Any
 ) -> nn.Module:
     """Linear, BatchNorm (buffers, kept in float32), linear; the norm wrapped on its own.
 
@@ -85,13 +86,13 @@ def multi_buffer(
     norm_precision = None
     if mixed_precision:
         mixed_precision = dataclasses.replace(mixed_precision, cast_forward_inputs=True)
-        norm_precision = MixedPrecision(*(torch.float32,) * 3, cast_forward_inputs=True)
+        norm_precision = fsdp.MixedPrecision(*(torch.float32,) * 3, cast_forward_inputs=True)
     sequence = nn.Sequential(
-        fsdp(nn.Linear(10, 10, bias=False), device, mixed_precision=mixed_precision, **kwargs),
-        fsdp(nn.BatchNorm1d(10), device, mixed_precision=norm_precision, **kwargs),
+        fsdp1(nn.Linear(10, 10, bias=False), device, mixed_precision=mixed_precision, **kwargs),
+        fsdp1(nn.BatchNorm1d(10), device, mixed_precision=norm_precision, **kwargs),
         nn.Linear(10, 10, bias=False),
     )
-    return fsdp(sequence, device, **kwargs)
+    return fsdp1(sequence, device, **kwargs)
 
 
 class Offset(nn.Module):
@@ -106,25 +107,27 @@ class Offset(nn.Module):
         return self.linear(x) + self.offset.to(x.dtype)
 
 
-BUFFER_HALF = MixedPrecision(buffer_dtype=torch.float16)
+def buffer_half_precision() -> Any:
+    """FSDP1 mixed precision that casts buffers alone to float16."""
+    return fsdp.MixedPrecision(buffer_dtype=torch.float16)
 
 
 def buffer_casting_units(device: torch.device, casting: str) -> nn.Module:
     """``FSDP(Sequential(FSDP(Offset), Offset))`` whose buffers mixed precision casts to
     float16 in the units ``casting`` names: ``"root"``, ``"child"`` or ``"both"``."""
     torch.manual_seed(SEED)
-    child = BUFFER_HALF if casting in ("child", "both") else None
-    root = BUFFER_HALF if casting in ("root", "both") else None
-    sequence = nn.Sequential(fsdp(Offset(), device, mixed_precision=child), Offset())
-    return fsdp(sequence, device, mixed_precision=root)
+    child = buffer_half_precision() if casting in ("child", "both") else None
+    root = buffer_half_precision() if casting in ("root", "both") else None
+    sequence = nn.Sequential(fsdp1(Offset(), device, mixed_precision=child), Offset())
+    return fsdp1(sequence, device, mixed_precision=root)
 
 
 def apply_checkpointing(model: nn.Module, around: type[nn.Module] = nn.Linear) -> None:
     """Non-reentrant activation checkpointing around every ``around`` module, after wrapping."""
-    apply_activation_checkpointing(
+    activation_checkpointing.apply_activation_checkpointing(
         model,
-        checkpoint_wrapper_fn=lambda module: checkpoint_wrapper(
-            module, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        checkpoint_wrapper_fn=lambda module: activation_checkpointing.checkpoint_wrapper(
+            module, checkpoint_impl=activation_checkpointing.CheckpointImpl.NO_REENTRANT
         ),
         check_fn=lambda module: isinstance(module, around),
     )
@@ -155,11 +158,11 @@ class InnerOuter(nn.Module):
                 layer.register_buffer("buffer", torch.randn(5, 5))
                 layer.register_buffer("non_persistent_buffer", torch.randn(5, 5), persistent=False)
         if inner_fsdp:
-            self.inner = fsdp(
+            self.inner = fsdp1(
                 self.inner,
                 device,
                 ignored_modules=[self.inner] if ignore_inner else [],
-                mixed_precision=HALF if mixed_precision else None,
+                mixed_precision=half_precision() if mixed_precision else None,
                 process_group=group,
             )
 
@@ -191,7 +194,7 @@ class WithSkippedModule(nn.Module):
         torch.manual_seed(SEED)
         self.linear = nn.Linear(10, 10, bias=False)
         inner = nn.Sequential(nn.Linear(10, 10, bias=False), nn.Linear(10, 10, bias=False))
-        self.nested_linear = fsdp(inner, device) if wrap else inner
+        self.nested_linear = fsdp1(inner, device) if wrap else inner
         self.linear_skip = nn.Linear(10, 10, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +206,7 @@ def with_skipped_module(device: torch.device) -> nn.Module:
     module = WithSkippedModule(device)
     skipped = module.linear_skip
     del module.linear_skip
-    wrapped = fsdp(module, device)
+    wrapped = fsdp1(module, device)
     module.linear_skip = skipped
     return wrapped
 
@@ -287,9 +290,9 @@ class FirstUnused(nn.Module):
 def first_unused(device: torch.device) -> nn.Module:
     """``FirstUnused`` with each linear wrapped, then the whole."""
     model = FirstUnused()
-    model.lin1 = fsdp(model.lin1, device)
-    model.lin2 = fsdp(model.lin2, device)
-    return fsdp(model, device)
+    model.lin1 = fsdp1(model.lin1, device)
+    model.lin2 = fsdp1(model.lin2, device)
+    return fsdp1(model, device)
 
 
 def four_linears() -> nn.Sequential:
@@ -321,16 +324,59 @@ def wrap_blocks(
     ``shift0`` only, so the same parameters land in other flat parameters.
     """
     if alternative:
-        blocks.block0.shift0 = fsdp(blocks.block0.shift0, device, **kwargs)
-        blocks.block0 = fsdp(blocks.block0, device, **kwargs)
+        blocks.block0.shift0 = fsdp1(blocks.block0.shift0, device, **kwargs)
+        blocks.block0 = fsdp1(blocks.block0, device, **kwargs)
         return blocks
-    blocks.block1.shift0 = fsdp(blocks.block1.shift0, device, **kwargs)
-    blocks.block1 = fsdp(blocks.block1, device, **kwargs)
+    blocks.block1.shift0 = fsdp1(blocks.block1.shift0, device, **kwargs)
+    blocks.block1 = fsdp1(blocks.block1, device, **kwargs)
     middle = blocks.block2[1]
-    middle.shift0 = fsdp(middle.shift0, device, **kwargs)
-    middle.shift1 = fsdp(middle.shift1, device, **kwargs)
-    blocks.block2[1] = fsdp(middle, device, **kwargs)
+    middle.shift0 = fsdp1(middle.shift0, device, **kwargs)
+    middle.shift1 = fsdp1(middle.shift1, device, **kwargs)
+    blocks.block2[1] = fsdp1(middle, device, **kwargs)
     last = blocks.block2[2]
     ignored = [last.shift0] if ignore_a_shift else []
-    blocks.block2[2] = fsdp(last, device, ignored_modules=ignored, **kwargs)
+    blocks.block2[2] = fsdp1(last, device, ignored_modules=ignored, **kwargs)
     return blocks
+
+
+class Tiny(nn.Module):
+    """Six parameter elements in all: at 4 ranks some shards hold nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(1, 1)
+        self.fc2 = nn.Linear(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x))
+
+
+def seeded_tiny() -> Tiny:
+    torch.manual_seed(common.SEED)
+    return Tiny()
+
+
+class RankDependent(nn.Module):
+    """An FSDP1 dense part behind a plain layer whose name depends on the rank (``sparse0`` on
+    rank 0, ``sparse1`` elsewhere), as model-parallel embeddings sit beside FSDP1."""
+
+    def __init__(self, rank: int, device: torch.device) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.dense = fsdp1(four_linears(), device, use_orig_params=True)
+        self.add_module(f"sparse{min(rank, 1)}", nn.Linear(8, 8).to(device))
+        self.sparse = getattr(self, f"sparse{min(rank, 1)}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(torch.relu(self.sparse(x)))
+
+
+class OneElement(nn.Module):
+    """A single-element parameter: every rank but rank 0 holds an empty shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.my_parameter = nn.Parameter(torch.full((1,), 3.1415926))
+
+    def forward(self, _: Any) -> torch.Tensor:
+        return self.my_parameter

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from conformance._models import SEED, VOCAB
+from conformance._upstream import tensor_parallel
+from conformance.models.common import SEED, VOCAB
 
 DIM, HEADS, FFN_HIDDEN, LAYERS = 8, 4, 10, 2
 
@@ -71,14 +72,13 @@ class TinyTransformer(nn.Module):
 
     def tp_plan(self) -> dict[str, Any]:
         """Megatron style: q, k, v and w1 column-wise, o and w2 row-wise, per block."""
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         plan: dict[str, Any] = {}
         for unit in self.units:
             for name in ("attn.q", "attn.k", "attn.v", "w1"):
-                plan[f"{unit}.{name}"] = ColwiseParallel()
+                plan[f"{unit}.{name}"] = tensor_parallel.ColwiseParallel()
             for name in ("attn.o", "w2"):
-                plan[f"{unit}.{name}"] = RowwiseParallel()
+                plan[f"{unit}.{name}"] = tensor_parallel.RowwiseParallel()
         return plan
 
 

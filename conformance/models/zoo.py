@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from conformance._models import (
+from conformance._parallelisms import Parallelism, units
+from conformance._upstream import activation_checkpointing
+from conformance.models.common import (
     SEED,
     GroundTruth,
     MLPWithBuffers,
@@ -26,8 +28,7 @@ from conformance._models import (
     tokens,
     train,
 )
-from conformance._parallelisms import Parallelism, units
-from conformance._transformer import seeded_transformer
+from conformance.models.transformer import seeded_transformer
 
 VARIANTS = ("plain", "checkpointed", "compiled")
 TRAIN_STEPS = 2
@@ -106,11 +107,9 @@ class ModelRecipe:
         targets = {id(model.get_submodule(unit)) for unit in units(model)}
         wrapped = cell.parallelise(model, world)
         if self.variant == "checkpointed":
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-                apply_activation_checkpointing,
+            activation_checkpointing.apply_activation_checkpointing(
+                wrapped, check_fn=lambda module: id(module) in targets
             )
-
-            apply_activation_checkpointing(wrapped, check_fn=lambda module: id(module) in targets)
         if self.variant == "compiled":
             wrapped = torch.compile(wrapped, backend="eager")  # CPU-safe: no code generation
         return wrapped
