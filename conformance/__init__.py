@@ -6,7 +6,7 @@ suite's own tests import its private modules directly.
 
 from __future__ import annotations
 
-from conformance._manifest import APPLIED_MANIFESTS, UNUSED_ENTRIES
+from conformance._manifest import APPLIED_MANIFESTS, RESOLUTION, UNUSED_ENTRIES
 from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
 from conformance.models.common import MLPWithBuffers, batch
@@ -15,6 +15,7 @@ __all__ = [
     "APPLIED_MANIFESTS",
     "EXERCISED_APIS",
     "PARALLELISMS",
+    "RESOLUTION",
     "UNUSED_ENTRIES",
     "MLPWithBuffers",
     "Parallelism",

@@ -9,10 +9,14 @@ import torch
 
 from conformance._manifest import (
     APPLIED_MANIFESTS,
+    RESOLUTION,
+    SUITE_ROOT,
     UNUSED_ENTRIES,
+    UPSTREAM_MANIFEST,
     Entry,
-    default_manifest,
+    Resolution,
     parse,
+    resolve,
 )
 
 
@@ -22,18 +26,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=None,
         metavar="PATH",
-        help="known-divergence manifest(s) to apply "
-        "(default: conformance/manifests/<torch version>.txt)",
+        help="a fork's own known-divergence manifest(s), applied besides upstream's "
+        "(conformance/manifests/upstream.txt, by the torch release under test)",
     )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    paths = [Path(p) for p in config.getoption("manifest") or []]
-    if not paths and (found := default_manifest(torch.__version__)):
-        paths = [found]
-    config.stash[APPLIED_MANIFESTS] = paths
-    entries = [entry for path in paths for entry in parse(path)]
+    forks = [Path(p) for p in config.getoption("manifest") or []]
+    config.stash[APPLIED_MANIFESTS] = [UPSTREAM_MANIFEST, *forks]
+    manifests = [parse(UPSTREAM_MANIFEST, root=SUITE_ROOT), *map(parse, forks)]
+    resolution = resolve(manifests, torch.__version__)
+    config.stash[RESOLUTION] = resolution
+    entries = resolution.entries
     used: set[Entry] = set()
     for item in items:
         for entry in entries:
@@ -62,9 +67,31 @@ def _unused(
     ]
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    resolution = resolve([parse(UPSTREAM_MANIFEST)], torch.__version__)
+    return release_line(resolution)
+
+
+def release_line(resolution: Resolution) -> str:
+    """One line on how the build's release resolved against the recorded releases."""
+    if resolution.recorded:
+        return f"known divergences: torch release {resolution.release} (recorded)"
+    return (
+        f"known divergences: torch release {resolution.release} is not recorded (newest "
+        f"recorded: {resolution.newest_recorded}); {len(resolution.inferred)} entries "
+        "inferred from their release ranges"
+    )
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
+    resolution = config.stash.get(RESOLUTION, None)
+    if resolution is not None and not resolution.recorded:
+        terminalreporter.section("known divergences inferred for an unrecorded release")
+        terminalreporter.line(release_line(resolution))
+        for entry in resolution.inferred:
+            terminalreporter.line(f"{entry.source}: {entry.pattern} ({entry.releases})")
     unused = config.stash.get(UNUSED_ENTRIES, [])
     if unused:
         terminalreporter.section("manifest entries that match no test")

@@ -137,10 +137,23 @@ def test_the_execution_target_is_recorded(gate: GateRun) -> None:
 
 
 def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> None:
-    assert [Path(p).name for p in gate.results.manifests] == ["fork-manifest.txt"]
+    # Upstream's known divergences apply besides a fork's own.
+    assert [Path(p).name for p in gate.results.manifests] == ["upstream.txt", "fork-manifest.txt"]
     (unused,) = gate.results.unused_entries
     assert unused.pattern == "inner_gate.py::test_gone"
     assert unused.source.endswith("fork-manifest.txt:3")
+
+
+def test_the_release_of_the_build_is_resolved_and_reported(gate: GateRun) -> None:
+    import torch
+
+    from conformance._manifest import release_of
+
+    release = gate.results.release
+    assert release is not None
+    assert release.release == str(release_of(torch.__version__))
+    report = (gate.out / "report.md").read_text()
+    assert f"| known divergences | {release.describe()} |" in report
 
 
 def test_the_rerun_command_reruns_the_failure_alone(gate: GateRun) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
-from conformance._manifest import default_manifest, parse
+from conformance._manifest import UPSTREAM_MANIFEST, Manifest, parse, release_of, resolve
 
 
 def test_entries_parse_and_match_node_ids(tmp_path: Path) -> None:
@@ -14,7 +15,7 @@ def test_entries_parse_and_match_node_ids(tmp_path: Path) -> None:
     path.write_text(
         "# comment\n\nconformance/x.py::test_a[[]w*] | a reason | https://example.org/a#frag\n"
     )
-    (entry,) = parse(path)
+    (entry,) = parse(path).entries
     assert entry.link == "https://example.org/a#frag"
     assert entry.matches("conformance/x.py::test_a[w2]")
     assert not entry.matches("conformance/x.py::test_ab[w2]")
@@ -22,7 +23,15 @@ def test_entries_parse_and_match_node_ids(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "line", ["only a pattern", "p | reason", "p |  | link", "hang | p | reason | link"]
+    "line",
+    [
+        "only a pattern",
+        "p | reason",
+        "p |  | link",
+        "hang | p | reason | link",
+        "releases >=2.x | p | reason | link",
+        "recorded 2.13.0 two",
+    ],
 )
 def test_malformed_entries_name_their_line(tmp_path: Path, line: str) -> None:
     path = tmp_path / "m.txt"
@@ -31,11 +40,77 @@ def test_malformed_entries_name_their_line(tmp_path: Path, line: str) -> None:
         parse(path)
 
 
-def test_default_manifest_drops_the_local_version_part() -> None:
-    found = default_manifest("2.13.0+cpu")
-    assert found is not None
-    assert found.name == "2.13.0.txt"
-    assert default_manifest("0.0.1") is None
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [
+        ("2.13.0", "2.13.0"),
+        ("2.13.0+cpu", "2.13.0"),
+        ("2.15.0+cu132", "2.15.0"),
+        ("2.15.0a0+gitabc1234", "2.15.0"),
+        ("2.16.0.dev20261101", "2.16.0"),
+        ("2.16.0rc2", "2.16.0"),
+        ("2.8.0+npu", "2.8.0"),
+        ("2.14.1", "2.14.1"),
+    ],
+)
+def test_a_build_resolves_to_its_release(version: str, release: str) -> None:
+    assert release_of(version) == Version(release)
+
+
+def test_a_version_that_is_not_pep_440_is_refused() -> None:
+    with pytest.raises(ValueError, match="'fork-build-7' is not a PEP 440 version"):
+        release_of("fork-build-7")
+
+
+def _catalogue(tmp_path: Path) -> Manifest:
+    path = tmp_path / "upstream.txt"
+    path.write_text(
+        "recorded 2.13.0 2.6.0 2.15.0\n"
+        "releases >=2.6 | t.py::open_since_2_6 | r | https://example.org/1\n"
+        "releases >=2.6,<2.15 | t.py::fixed_in_2_15 | r | https://example.org/2\n"
+        "releases ==2.13.* | skip | t.py::hangs_in_2_13 | r | https://example.org/3\n"
+    )
+    return parse(path)
+
+
+def _patterns(manifests: list[Manifest], version: str) -> list[str]:
+    return [entry.pattern for entry in resolve(manifests, version).entries]
+
+
+def test_entries_hold_by_the_release_of_the_build(tmp_path: Path) -> None:
+    catalogue = [_catalogue(tmp_path)]
+    assert _patterns(catalogue, "2.13.0+cpu") == [
+        "t.py::open_since_2_6",
+        "t.py::fixed_in_2_15",
+        "t.py::hangs_in_2_13",
+    ]
+    assert _patterns(catalogue, "2.15.0a0+gitabc") == ["t.py::open_since_2_6"]
+    assert _patterns(catalogue, "2.5.1") == []
+    assert _patterns(catalogue, "2.8.0+npu") == ["t.py::open_since_2_6", "t.py::fixed_in_2_15"]
+
+
+def test_a_recorded_release_infers_nothing(tmp_path: Path) -> None:
+    resolution = resolve([_catalogue(tmp_path)], "2.13.0+cu126")
+    assert resolution.recorded
+    assert resolution.inferred == []
+
+
+def test_an_unrecorded_newer_build_gets_the_entries_still_open_as_inferred(
+    tmp_path: Path,
+) -> None:
+    fork = tmp_path / "fork.txt"
+    fork.write_text("t.py::our_own_bug | ours | https://example.org/ours\n")
+    resolution = resolve([_catalogue(tmp_path), parse(fork)], "2.16.0.dev20261101")
+    assert not resolution.recorded
+    assert resolution.newest_recorded == Version("2.15.0")
+    assert [e.pattern for e in resolution.entries] == ["t.py::open_since_2_6", "t.py::our_own_bug"]
+    assert [e.pattern for e in resolution.inferred] == ["t.py::open_since_2_6"]
+
+
+def test_the_upstream_manifest_parses_and_records_releases() -> None:
+    manifest = parse(UPSTREAM_MANIFEST)
+    assert manifest.recorded
+    assert all(entry.releases for entry in manifest.entries)
 
 
 def _suite(pytester: pytest.Pytester, manifest: str, **modules: str) -> str:

@@ -120,6 +120,7 @@ def test_conformance_public_names() -> None:
         "MLPWithBuffers",
         "PARALLELISMS",
         "Parallelism",
+        "RESOLUTION",
         "UNUSED_ENTRIES",
         "batch",
         "dcp",

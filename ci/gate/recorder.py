@@ -19,6 +19,7 @@ import pytest
 from ci.gate.results import (
     NO_PARALLELISM,
     GateResults,
+    ReleaseResolution,
     TestResult,
     UnusedEntry,
     count_by_parallelism_and_size,
@@ -161,6 +162,7 @@ class GateRecorder:
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
             manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],
+            release=self._release(),
             unused_entries=[
                 UnusedEntry(entry.source, entry.pattern)
                 for entry in self.config.stash.get(UNUSED_ENTRIES, [])
@@ -187,6 +189,19 @@ class GateRecorder:
             first_failure=record.first_failure,
             reason=record.reason,
             rerun=self._rerun_command(nodeid) if record.outcome in ("failed", "error") else "",
+        )
+
+    def _release(self) -> ReleaseResolution | None:
+        from conformance import RESOLUTION
+
+        resolution = self.config.stash.get(RESOLUTION, None)
+        if resolution is None:
+            return None
+        return ReleaseResolution(
+            release=str(resolution.release),
+            recorded=resolution.recorded,
+            newest_recorded=str(resolution.newest_recorded or "none"),
+            inferred=tuple(f"{e.source}: {e.pattern}" for e in resolution.inferred),
         )
 
     def _rerun_command(self, nodeid: str) -> str:

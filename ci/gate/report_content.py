@@ -40,8 +40,10 @@ class ReportContent:
     checks: list[str]
     matrix_rows: list[tuple[str, list[Cell]]]
     failures: list[TestResult]
+    causes: list[tuple[str, int]]  # the failures' first lines (ranks left out), most ids first
     expected_failures: list[tuple[str, int]]  # reason, number of test ids
     manifests: list[str]
+    inferred: list[str]  # entries applied by their release range alone (unrecorded release)
     unused_entries: list[str]
     slowest: list[TestResult]
 
@@ -92,6 +94,10 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
                 + (f" ({target.device_count} visible)" if target.device_count else ""),
             ),
             ("world sizes", ", ".join(map(str, target.world_sizes)) or "none"),
+            (
+                "known divergences",
+                results.release.describe() if results.release else "no manifest applied",
+            ),
             ("suite commit", target.suite_commit),
             ("python / host", f"{target.python_version} / {target.host}"),
             ("date", target.date),
@@ -110,10 +116,12 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
             for parallelism, by_check in matrix.items()
         ],
         failures=failures,
+        causes=Counter(test.cause for test in failures).most_common(),
         expected_failures=Counter(
             test.reason for test in results.tests if test.outcome == "xfailed"
         ).most_common(),
         manifests=results.manifests,
+        inferred=list(results.release.inferred) if results.release else [],
         unused_entries=[f"{entry.source}: {entry.pattern}" for entry in results.unused_entries],
         slowest=sorted(results.tests, key=lambda t: -t.duration_s)[:slowest],
     )

@@ -62,6 +62,7 @@ def render(report: ReportContent) -> str:
         or "<p>None.</p>"
     )
     manifests = [f"applied: {path}" for path in report.manifests] or ["none applied"]
+    manifests += [f"inferred for this unrecorded release: {entry}" for entry in report.inferred]
     manifests += [f"matches no test: {entry}" for entry in report.unused_entries]
     parts = [
         "<!DOCTYPE html>",
@@ -83,6 +84,9 @@ def render(report: ReportContent) -> str:
         f"<p>{escape(LEGEND)}</p>",
         f'<table id="matrix"><tr>{matrix_head}</tr>{matrix_rows}</table>',
         f'<h2 id="failures">Failures ({len(report.failures)})</h2>',
+        _table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
+        if report.causes
+        else "",
         failures,
         "<h2>Expected failures (manifest)</h2>",
         _table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures]),

@@ -38,6 +38,10 @@ def render(report: ReportContent) -> str:
         [[name, *(cell.text for cell in cells)] for name, cells in report.matrix_rows],
     )
     lines += ["", f"## Failures ({len(report.failures)})", ""]
+    if report.causes:
+        lines += ["By cause (the first line of each failure, ranks left out):", ""]
+        lines += _table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
+        lines.append("")
     if not report.failures:
         lines.append("None.")
     for test in report.failures:
@@ -49,6 +53,7 @@ def render(report: ReportContent) -> str:
     lines += _table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures])
     lines += ["", "## Manifests", ""]
     lines += [f"- applied: `{path}`" for path in report.manifests] or ["- none applied"]
+    lines += [f"- inferred for this unrecorded release: `{entry}`" for entry in report.inferred]
     lines += [f"- matches no test: `{entry}`" for entry in report.unused_entries]
     lines += ["", "## Slowest test ids", ""]
     slowest = [[f"{test.duration_s:.1f}", test.nodeid] for test in report.slowest]

@@ -7,6 +7,7 @@ file alone, so a report can be remade (or two runs compared) without torch insta
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,8 @@ from typing import Any
 from ci.gate.target import ExecutionTarget
 from harness.outcomes import OUTCOMES, Outcome, is_failure
 
+# A world test's first failure: "rank 1 failed: ...", "rank 0 hung: ...", "rank 2 crashed: ..."
+_RANK_STATUS = re.compile(r"^rank \d+ (?P<status>\w+): (?P<text>.*)")
 NO_PARALLELISM = "other"  # test ids that name no parallelism: utilities, single process
 
 
@@ -44,6 +47,20 @@ class TestResult:
     def is_failure(self) -> bool:
         return is_failure(self.outcome)
 
+    @property
+    def cause(self) -> str:
+        """The first line of the failure without the rank that saw it ("failed: KeyError ...",
+        "hung: did not finish ..."): ids that share it share a cause."""
+        first = (self.first_failure.splitlines() or [f"{self.outcome} without a message"])[0]
+        found = _RANK_STATUS.match(first)
+        return f"{found['status']}: {found['text']}" if found else first
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether a rank hung or crashed: run again, it would cost its deadline again."""
+        found = _RANK_STATUS.match(self.first_failure)
+        return found is not None and found["status"] in ("hung", "crashed")
+
 
 def count_by_parallelism_and_size(
     cells: Iterable[tuple[str, int]],
@@ -63,6 +80,24 @@ class UnusedEntry:
     pattern: str
 
 
+@dataclass(frozen=True)
+class ReleaseResolution:
+    """How the build's version resolved against the known divergences' recorded releases."""
+
+    release: str  # e.g. 2.15.0 for 2.15.0a0+gitabc
+    recorded: bool
+    newest_recorded: str
+    inferred: tuple[str, ...] = ()  # "source: pattern" of each entry applied by its range alone
+
+    def describe(self) -> str:
+        if self.recorded:
+            return f"release {self.release}, recorded"
+        return (
+            f"release {self.release} is not recorded (newest recorded: {self.newest_recorded}): "
+            f"{len(self.inferred)} known divergences inferred from their release ranges"
+        )
+
+
 @dataclass
 class GateResults:
     """Everything one gate run found."""
@@ -72,6 +107,7 @@ class GateResults:
     duration_s: float
     manifests: list[str] = field(default_factory=list)
     unused_entries: list[UnusedEntry] = field(default_factory=list)
+    release: ReleaseResolution | None = None  # None where the suite applied no manifest
     tests: list[TestResult] = field(default_factory=list)
     # Ids not collected because their cell does not exist at their world size, counted by
     # parallelism, then world size.
@@ -110,6 +146,7 @@ class GateResults:
             "duration_s": self.duration_s,
             "manifests": self.manifests,
             "unused_entries": [asdict(entry) for entry in self.unused_entries],
+            "release": asdict(self.release) if self.release else None,
             "tests": [asdict(test) for test in self.tests],
             "not_applicable": self.not_applicable,
         }
@@ -124,6 +161,7 @@ class GateResults:
             duration_s=data["duration_s"],
             manifests=data["manifests"],
             unused_entries=[UnusedEntry(**entry) for entry in data["unused_entries"]],
+            release=_release(data.get("release")),
             tests=[
                 TestResult(**{**test, "failing_ranks": tuple(test["failing_ranks"])})
                 for test in data["tests"]
@@ -133,3 +171,9 @@ class GateResults:
                 for parallelism, by_size in data.get("not_applicable", {}).items()
             },
         )
+
+
+def _release(data: dict[str, Any] | None) -> ReleaseResolution | None:
+    if data is None:
+        return None
+    return ReleaseResolution(**{**data, "inferred": tuple(data["inferred"])})
