@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from harness._spec import BACKEND_DEVICE_TYPES
 
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_DEADLINE_FACTOR = 10.0
+DEFAULT_DEADLINE_FLOOR_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,12 @@ class WorldOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_worlds: int = 1
     require_devices: bool = False
+    # Recorded durations by test function (``path::name``, the longest of its ids): a test
+    # that has one gets factor x duration as its deadline, at least the floor and at most
+    # timeout_s, so a hang nobody recorded yet costs little.
+    recorded_s: dict[str, float] = field(default_factory=dict)
+    deadline_factor: float = DEFAULT_DEADLINE_FACTOR
+    deadline_floor_s: float = DEFAULT_DEADLINE_FLOOR_S
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_DEVICE_TYPES:
@@ -32,6 +42,16 @@ class WorldOptions:
             raise pytest.UsageError(f"--world-timeout must be positive, got {self.timeout_s}")
         if self.max_worlds < 1:
             raise pytest.UsageError(f"--max-worlds must be at least 1, got {self.max_worlds}")
+        if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
+            raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
+
+    def deadline_s(self, nodeid: str) -> float:
+        """The deadline of a world test without a marker timeout of its own."""
+        recorded = self.recorded_s.get(nodeid.split("[", 1)[0])
+        if recorded is None:
+            return self.timeout_s
+        fitted = max(self.deadline_floor_s, self.deadline_factor * recorded)
+        return min(self.timeout_s, fitted)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> WorldOptions:
@@ -42,7 +62,29 @@ class WorldOptions:
             timeout_s=config.getoption("world_timeout"),
             max_worlds=config.getoption("max_worlds"),
             require_devices=config.getoption("require_devices"),
+            recorded_s=_recorded_durations(config.getoption("world_deadlines")),
+            deadline_factor=config.getoption("world_deadline_factor"),
+            deadline_floor_s=config.getoption("world_deadline_floor"),
         )
+
+
+def _recorded_durations(path: str | None) -> dict[str, float]:
+    """``{path::function: seconds}`` from a JSON file; refused, naming the entry, when
+    malformed."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise pytest.UsageError(f"--world-deadlines {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise pytest.UsageError(f"--world-deadlines {path}: expected an object of test ids")
+    for nodeid, seconds in data.items():
+        if not isinstance(seconds, int | float) or seconds < 0:
+            raise pytest.UsageError(
+                f"--world-deadlines {path}: {nodeid!r} needs a duration in seconds, got {seconds!r}"
+            )
+    return {str(nodeid): float(seconds) for nodeid, seconds in data.items()}
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:
@@ -75,6 +117,28 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="deadline of one world test; on expiry every rank's stack is dumped "
         f"and the world is replaced (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    group.addoption(
+        "--world-deadlines",
+        default=None,
+        metavar="PATH",
+        help="JSON {path::test_function: recorded seconds}: their ids get a deadline of "
+        "--world-deadline-factor times their recorded duration, at least "
+        "--world-deadline-floor and at most --world-timeout",
+    )
+    group.addoption(
+        "--world-deadline-factor",
+        type=float,
+        default=DEFAULT_DEADLINE_FACTOR,
+        metavar="X",
+        help=f"(default: {DEFAULT_DEADLINE_FACTOR:g})",
+    )
+    group.addoption(
+        "--world-deadline-floor",
+        type=float,
+        default=DEFAULT_DEADLINE_FLOOR_S,
+        metavar="SECONDS",
+        help=f"(default: {DEFAULT_DEADLINE_FLOOR_S:g})",
     )
     group.addoption(
         "--max-worlds",

@@ -217,9 +217,11 @@ def _safe_name(nodeid: str) -> str:
 
 
 def _deadline(item: pytest.Item, options: WorldOptions) -> float:
+    """The marker's ``timeout``, else a deadline fitted to the test's recorded duration, else
+    ``--world-timeout``."""
     marker = item.get_closest_marker(MARKER)
     timeout = marker.kwargs.get("timeout") if marker else None
-    return float(timeout) if timeout is not None else options.timeout_s
+    return float(timeout) if timeout is not None else options.deadline_s(item.nodeid)
 
 
 def _body_params(item: pytest.Function) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from harness._options import WorldOptions
 from tests._inner import InnerRun, run_inner
 
 
@@ -99,6 +102,8 @@ def test_plain_tests_keep_pytest_timeout(features: InnerRun) -> None:
 # ----- collection and options: no world is spawned -----------------------------
 
 WORLD_TESTS = """
+import json
+
 import pytest
 
 @pytest.mark.world(1, 2, 4)
@@ -181,6 +186,8 @@ def test_world_fixture_without_marker_fails_clearly(pytester: pytest.Pytester) -
 
 
 NCCL_TEST = """
+import json
+
 import pytest
 @pytest.mark.world(2)
 def test_on_gpus(world):
@@ -200,3 +207,48 @@ def test_require_devices_turns_the_skip_into_a_failure(pytester: pytest.Pytester
     result = pytester.runpytest("--backend", "nccl", "--require-devices")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*(--require-devices)*"])
+
+
+def test_a_recorded_duration_fits_the_deadline(pytester: pytest.Pytester) -> None:
+    """A test recorded at 0.1 s that now hangs is cut at the floor, not at --world-timeout."""
+    pytester.makepyfile(
+        test_slow="import time\nimport pytest\n\n\n@pytest.mark.world(1)\n"
+        "def test_sleeps(world):\n    time.sleep(120)\n"
+    )
+    recorded = pytester.path / "recorded.json"
+    recorded.write_text(json.dumps({"test_slow.py::test_sleeps": 0.1}))
+    result = pytester.runpytest_subprocess(
+        f"--world-deadlines={recorded}", "--world-deadline-floor=2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*did not finish within the 2 s deadline*"])
+
+
+@pytest.mark.parametrize(
+    ("recorded", "expected"),
+    [(None, 300.0), (0.5, 30.0), (4.0, 40.0), (100.0, 300.0)],
+)
+def test_deadlines_are_ten_times_the_recorded_duration_within_floor_and_timeout(
+    recorded: float | None, expected: float
+) -> None:
+    options = WorldOptions(recorded_s={} if recorded is None else {"t.py::t": recorded})
+    assert options.deadline_s("t.py::t[w2]") == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ("[1, 2]", "expected an object of test ids"),
+        ('{"t.py::t[w2]": "slow"}', "'t.py::t\\[w2\\]' needs a duration in seconds"),
+        ("{not json", "--world-deadlines"),
+    ],
+)
+def test_a_malformed_durations_file_is_a_usage_error(
+    pytester: pytest.Pytester, content: str, error: str
+) -> None:
+    recorded = pytester.path / "recorded.json"
+    recorded.write_text(content)
+    pytester.makepyfile("def test_plain():\n    pass\n")
+    result = pytester.runpytest(f"--world-deadlines={recorded}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.re_match_lines([f".*{error}.*"])

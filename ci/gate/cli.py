@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ci.gate import report_html, report_markdown
+from ci.gate.durations import RECORDED
 from ci.gate.report_content import content
 from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
@@ -34,11 +35,18 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[path for path in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if path],
         metavar="PATH",
-        help="known-divergence manifest(s), replacing the torch version's own; repeatable "
+        help="a fork's own known-divergence manifest(s), applied besides upstream's; repeatable "
         f"(default: ${MANIFEST_ENV}, paths separated by {os.pathsep!r})",
     )
     parser.add_argument(
         "--require-devices", action="store_true", help="fail, not skip, worlds without devices"
+    )
+    parser.add_argument(
+        "--recorded-durations",
+        default=str(RECORDED) if RECORDED.exists() else "",
+        metavar="PATH",
+        help="deadlines fitted to these recorded durations (ten times, at least 30 s; default: "
+        "ci/gate/durations.json); '' gives every world test the harness's 300 s",
     )
     parser.add_argument(
         "pytest_args",
@@ -63,6 +71,8 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
     command += [f"--manifest={Path(manifest).resolve()}" for manifest in args.manifest]
     if args.require_devices:
         command.append("--require-devices")
+    if args.recorded_durations:
+        command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
     return command + extra
 
 
