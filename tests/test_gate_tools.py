@@ -1,0 +1,129 @@
+"""The gate's tools over recorded results: a fork judged against its base release (verdict
+classes, exit status), a fork's first manifest (entries that cover exactly what failed), and
+the recorded durations that deadlines are fitted to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ci.gate import adopt, durations, fork_vs_base
+from ci.gate.results import GateResults, TestResult
+from ci.gate.target import ExecutionTarget
+from conformance._manifest import parse
+from harness.outcomes import Outcome
+
+M = "conformance/test_m.py"
+
+
+def _target(torch_version: str) -> ExecutionTarget:
+    return ExecutionTarget(
+        torch_version, "abc", None, None, "gloo", "CPU", 0, (2,), "c0ffee", "3.11", "h", "today"
+    )
+
+
+def _test(nodeid: str, outcome: Outcome, first_failure: str = "") -> TestResult:
+    cell = nodeid.partition("[")[2].rstrip("]").split("-")[1] if "-" in nodeid else "other"
+    return TestResult(nodeid, outcome, 1.0, "m", cell, 2, first_failure=first_failure)
+
+
+def _results(torch_version: str, *tests: TestResult) -> GateResults:
+    return GateResults(_target(torch_version), 0, 1.0, tests=list(tests))
+
+
+@pytest.mark.parametrize(
+    ("base", "fork", "expected"),
+    [
+        ("passed", "failed", "fork_failure"),
+        ("passed", "xfailed", "fork_failure"),  # a manifest may expect the fork's own bug
+        ("xfailed", "xpassed", "fixed_by_fork"),
+        ("failed", "passed", "fixed_by_fork"),
+        ("xfailed", "xfailed", "shared_failure"),
+        ("error", "failed", "shared_failure"),
+        ("passed", "passed", "passing"),
+        ("skipped", "failed", "not_compared"),
+        (None, "failed", "not_compared"),
+    ],
+)
+def test_each_pair_of_outcomes_has_one_verdict(
+    base: Outcome | None, fork: Outcome | None, expected: str
+) -> None:
+    assert fork_vs_base.verdict(base, fork) == expected
+
+
+def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    base = _results(
+        "2.13.0",
+        _test(f"{M}::test_a[w2-ddp]", "passed"),
+        _test(f"{M}::test_b[w2-fsdp2]", "xfailed", "rank 0 failed: KeyError: 'x'"),
+        _test(f"{M}::test_c[w2-tp]", "xfailed", "rank 1 failed: AssertionError"),
+    )
+    fork = _results(
+        "2.13.0+fork",
+        _test(f"{M}::test_a[w2-ddp]", "failed", "rank 1 failed: AssertionError: fc1.weight"),
+        _test(f"{M}::test_b[w2-fsdp2]", "xpassed"),
+        _test(f"{M}::test_c[w2-tp]", "xfailed", "rank 1 failed: AssertionError"),
+    )
+    paths = tmp_path / "base.json", tmp_path / "fork.json"
+    base.save(paths[0])
+    fork.save(paths[1])
+    return paths
+
+
+def test_a_fork_failure_fails_the_verdict_and_is_named(tmp_path: Path) -> None:
+    base, fork = _pair(tmp_path)
+    out = tmp_path / "out"
+    assert fork_vs_base.main([str(base), str(fork), "--out", str(out)]) == 1
+    data = json.loads((out / "fork-vs-base.json").read_text())
+    assert [d["nodeid"] for d in data["by_verdict"]["fork_failure"]] == [f"{M}::test_a[w2-ddp]"]
+    assert [d["nodeid"] for d in data["by_verdict"]["fixed_by_fork"]] == [f"{M}::test_b[w2-fsdp2]"]
+    assert [d["nodeid"] for d in data["by_verdict"]["shared_failure"]] == [f"{M}::test_c[w2-tp]"]
+    report = (out / "fork-vs-base.md").read_text()
+    assert report.startswith("# Fork against base: FAILED: 1 failures of the fork's own")
+    assert "| `conformance/test_m.py::test_a[w2-ddp]` | passed | failed |" in report
+    assert "rank 1 failed: AssertionError: fc1.weight" in report
+
+
+def test_a_fork_that_only_fixes_and_shares_passes(tmp_path: Path) -> None:
+    base, fork = _pair(tmp_path)
+    fork_results = GateResults.load(fork)
+    fork_results.tests[0] = _test(f"{M}::test_a[w2-ddp]", "passed")
+    fork_results.save(fork)
+    assert fork_vs_base.main([str(base), str(fork), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_adopted_entries_cover_exactly_the_failures(tmp_path: Path) -> None:
+    results = _results(
+        "2.13.0+fork",
+        _test(f"{M}::test_a[w2-ddp-full]", "failed", "rank 1 failed: KeyError: 'step'"),
+        _test(f"{M}::test_a[w2-ddp-sharded]", "failed", "rank 0 failed: KeyError: 'step'"),
+        _test(f"{M}::test_a[w2-fsdp2-full]", "failed", "rank 0 failed: KeyError: 'step'"),
+        _test(f"{M}::test_a[w2-fsdp2-sharded]", "passed"),
+        _test(f"{M}::test_h[w2-tp]", "failed", "rank 1 hung: did not finish within 300 s"),
+        _test(f"{M}::test_x[w2-tp]", "xfailed", "rank 0 failed: known upstream"),
+    )
+    path = tmp_path / "fork.txt"
+    path.write_text(adopt.manifest_text(results))
+    entries = parse(path).entries
+    assert [(e.pattern, e.reason, e.link, e.kind) for e in entries] == [
+        (f"{M}::test_a[[]*ddp*[]]", "failed: KeyError: 'step'", "TODO", "xfail"),
+        (f"{M}::test_a[[]w2-fsdp2-full[]]", "failed: KeyError: 'step'", "TODO", "xfail"),
+        (f"{M}::test_h[[]w2-tp[]]", "hung: did not finish within 300 s", "TODO", "skip"),
+    ]
+    matched = {t.nodeid for t in results.tests if any(e.matches(t.nodeid) for e in entries)}
+    assert matched == {t.nodeid for t in results.tests if t.outcome == "failed"}
+
+
+def test_recorded_durations_are_the_longest_complete_run_of_each_test_function() -> None:
+    results = _results(
+        "2.13.0",
+        _test(f"{M}::test_a[w2-ddp]", "passed"),
+        _test(f"{M}::test_a[w4-ddp]", "xfailed"),
+        _test(f"{M}::test_h[w2-tp]", "failed", "rank 1 hung: did not finish within 300 s"),
+        _test(f"{M}::test_f[w2-tp]", "failed", "rank 0 failed: KeyError"),
+        TestResult(f"{M}::test_plain", "passed", 2.0, "m", "other", None),
+    )
+    results.tests[1] = TestResult(f"{M}::test_a[w4-ddp]", "xfailed", 3.5, "m", "ddp", 4)
+    assert durations.durations(results) == {f"{M}::test_a": 3.5}
