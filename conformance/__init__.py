@@ -6,7 +6,15 @@ suite's own tests import its private modules directly.
 
 from __future__ import annotations
 
-from conformance._manifest import APPLIED_MANIFESTS, RESOLUTION, UNUSED_ENTRIES
+from conformance._manifest import (
+    APPLIED_MANIFESTS,
+    RESOLUTION,
+    UNUSED_ENTRIES,
+    UPSTREAM_MANIFEST,
+    Entry,
+    parse,
+    release_of,
+)
 from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
 from conformance.models.common import MLPWithBuffers, batch
@@ -17,11 +25,15 @@ __all__ = [
     "PARALLELISMS",
     "RESOLUTION",
     "UNUSED_ENTRIES",
+    "UPSTREAM_MANIFEST",
+    "Entry",
     "MLPWithBuffers",
     "Parallelism",
     "batch",
     "dcp",
     "dsd",
     "lookup",
+    "parse",
+    "release_of",
     "sdu",
 ]

@@ -117,15 +117,19 @@ def test_conformance_public_names() -> None:
     assert sorted(conformance.__all__) == [
         "APPLIED_MANIFESTS",
         "EXERCISED_APIS",
+        "Entry",
         "MLPWithBuffers",
         "PARALLELISMS",
         "Parallelism",
         "RESOLUTION",
         "UNUSED_ENTRIES",
+        "UPSTREAM_MANIFEST",
         "batch",
         "dcp",
         "dsd",
         "lookup",
+        "parse",
+        "release_of",
         "sdu",
     ]
 

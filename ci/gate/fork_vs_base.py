@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ci.gate.report_markdown import table
 from ci.gate.results import GateResults
 from harness.outcomes import Outcome
 
@@ -90,12 +91,18 @@ _HEADINGS: dict[Verdict, str] = {
 
 
 def _rows(differences: Iterable[Difference]) -> list[str]:
-    lines = ["| test id | base | fork | fork's first failure |", "|---|---|---|---|"]
-    for d in differences:
-        first = d.first_failure.splitlines()[0] if d.first_failure else ""
-        cells = [f"`{d.nodeid}`", d.base or "-", d.fork or "-", first.replace("|", "\\|")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return table(
+        ["test id", "base", "fork", "fork's first failure"],
+        [
+            [
+                f"`{d.nodeid}`",
+                d.base or "-",
+                d.fork or "-",
+                (d.first_failure.splitlines() or [""])[0],
+            ]
+            for d in differences
+        ],
+    )
 
 
 def markdown(comparison: Comparison) -> str:
@@ -110,9 +117,7 @@ def markdown(comparison: Comparison) -> str:
         "",
         f"Base torch {comparison.base_torch}; fork torch {comparison.fork_torch}.",
         "",
-        "| verdict | test ids |",
-        "|---|---|",
-        *(f"| {name} | {count} |" for name, count in sorted(counts.items())),
+        *table(["verdict", "test ids"], [[name, str(n)] for name, n in sorted(counts.items())]),
     ]
     for name, heading in _HEADINGS.items():
         items = comparison.by_verdict.get(name, [])

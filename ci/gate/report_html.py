@@ -6,7 +6,7 @@ from html import escape
 
 from ci.gate.report_content import CELLS_NOTE, LEGEND, Cell, ReportContent
 
-_STYLE = """
+STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
 h1.passed { color: #1a7f37; } h1.failed { color: #cf222e; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
@@ -20,7 +20,7 @@ code { font-size: 13px; }
 """
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
@@ -67,16 +67,16 @@ def render(report: ReportContent) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(report.title)}</title><style>{_STYLE}</style></head><body>",
+        f"<title>{escape(report.title)}</title><style>{STYLE}</style></head><body>",
         f'<h1 class="{verdict}">{escape(report.title)}</h1>',
         "<h2>Execution target</h2>",
-        _table(["field", "value"], [[name, value] for name, value in report.target_rows]),
+        table(["field", "value"], [[name, value] for name, value in report.target_rows]),
         "<h2>Totals</h2>",
-        _table([name for name, _ in report.totals], [[str(n) for _, n in report.totals]]),
+        table([name for name, _ in report.totals], [[str(n) for _, n in report.totals]]),
         f"<p>Not applicable (not collected): {report.not_applicable}.</p>",
         "<h2>Cells by world size</h2>",
         f"<p>{escape(CELLS_NOTE)}</p>",
-        _table(
+        table(
             ["parallelism", *(f"w{size}" for size in report.sizes)],
             [[name, *texts] for name, texts in report.cells_rows],
         ),
@@ -84,16 +84,16 @@ def render(report: ReportContent) -> str:
         f"<p>{escape(LEGEND)}</p>",
         f'<table id="matrix"><tr>{matrix_head}</tr>{matrix_rows}</table>',
         f'<h2 id="failures">Failures ({len(report.failures)})</h2>',
-        _table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
+        table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
         if report.causes
         else "",
         failures,
         "<h2>Expected failures (manifest)</h2>",
-        _table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures]),
+        table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures]),
         "<h2>Manifests</h2>",
         "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in manifests) + "</ul>",
         "<h2>Slowest test ids</h2>",
-        _table(["seconds", "test id"], [[f"{t.duration_s:.1f}", t.nodeid] for t in report.slowest]),
+        table(["seconds", "test id"], [[f"{t.duration_s:.1f}", t.nodeid] for t in report.slowest]),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"

@@ -10,7 +10,7 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_escape(cell) for cell in row) + " |" for row in rows]
     return lines
@@ -23,24 +23,24 @@ def _fence(text: str) -> list[str]:
 
 def render(report: ReportContent) -> str:
     lines = [f"# {report.title}", "", "## Execution target", ""]
-    lines += _table(["field", "value"], [[name, value] for name, value in report.target_rows])
+    lines += table(["field", "value"], [[name, value] for name, value in report.target_rows])
     lines += ["", "## Totals", ""]
-    lines += _table([name for name, _ in report.totals], [[str(n) for _, n in report.totals]])
+    lines += table([name for name, _ in report.totals], [[str(n) for _, n in report.totals]])
     lines += ["", f"Not applicable (not collected): {report.not_applicable}."]
     lines += ["", "## Cells by world size", "", CELLS_NOTE, ""]
-    lines += _table(
+    lines += table(
         ["parallelism", *(f"w{size}" for size in report.sizes)],
         [[name, *texts] for name, texts in report.cells_rows],
     )
     lines += ["", "## Matrix: parallelism by check", "", LEGEND, ""]
-    lines += _table(
+    lines += table(
         ["parallelism", *report.checks],
         [[name, *(cell.text for cell in cells)] for name, cells in report.matrix_rows],
     )
     lines += ["", f"## Failures ({len(report.failures)})", ""]
     if report.causes:
         lines += ["By cause (the first line of each failure, ranks left out):", ""]
-        lines += _table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
+        lines += table(["test ids", "cause"], [[str(n), c] for c, n in report.causes])
         lines.append("")
     if not report.failures:
         lines.append("None.")
@@ -50,12 +50,12 @@ def render(report: ReportContent) -> str:
         lines += ["- first difference:", "", *_fence(test.first_failure), ""]
         lines += ["- rerun alone:", "", *_fence(test.rerun)]
     lines += ["", "## Expected failures (manifest)", ""]
-    lines += _table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures])
+    lines += table(["test ids", "reason"], [[str(n), r] for r, n in report.expected_failures])
     lines += ["", "## Manifests", ""]
     lines += [f"- applied: `{path}`" for path in report.manifests] or ["- none applied"]
     lines += [f"- inferred for this unrecorded release: `{entry}`" for entry in report.inferred]
     lines += [f"- matches no test: `{entry}`" for entry in report.unused_entries]
     lines += ["", "## Slowest test ids", ""]
     slowest = [[f"{test.duration_s:.1f}", test.nodeid] for test in report.slowest]
-    lines += _table(["seconds", "test id"], slowest)
+    lines += table(["seconds", "test id"], slowest)
     return "\n".join(lines) + "\n"

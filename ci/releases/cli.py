@@ -1,0 +1,83 @@
+"""Run the gate on several torch releases and map upstream's known divergences over them.
+
+    python -m ci.releases torch==2.15.0 torch==2.6.0 /wheels/torch-2.13.0a0+fork.whl \\
+        [torch==2.13.0=old-run/results.json] [--env gloo4] [--workdir .tox-releases] \\
+        [--out release-map] [-- PYTEST_ARGS]
+
+Each requirement gets a tox environment of its own under ``--workdir`` (made once, reused
+after), in which ``tox -e ENV`` runs the gate with ``TORCH_UNDER_TEST`` set to it; its report
+lands in ``OUT/runs/<name>/``. ``REQUIREMENT=PATH`` takes a results file of an earlier run
+instead. Writes ``release-map.md``, ``.html`` and ``.json`` into ``--out``. The map is the
+record, not a verdict: it exits 0 once every run has left a results file, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from ci.gate.results import GateResults
+from ci.gate.target import SUITE_ROOT
+from ci.releases import render
+from ci.releases.table import release_map
+
+
+def slug(requirement: str) -> str:
+    """A folder name for a requirement: ``torch==2.15.0`` -> ``torch-2.15.0``."""
+    name = Path(requirement).name if requirement.endswith(".whl") else requirement
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", name).strip("-")
+
+
+def _recorded_run(spec: str) -> tuple[str, Path | None]:
+    """``REQ=PATH.json`` names an earlier run's results; anything else is a requirement."""
+    found = re.fullmatch(r"(?P<requirement>.+?)=(?P<path>[^=]+\.json)", spec)
+    if found is None:
+        return spec, None
+    return found["requirement"], Path(found["path"])
+
+
+def run_gate(requirement: str, env: str, workdir: Path, out: Path, pytest_args: list[str]) -> Path:
+    """The gate under ``requirement`` in its own tox environment; its results file."""
+    report = out / "runs" / slug(requirement)
+    command = [sys.executable, "-m", "tox", "--workdir", str(workdir / slug(requirement))]
+    command += ["-e", env, *(["--", *pytest_args] if pytest_args else [])]
+    variables = {"TORCH_UNDER_TEST": requirement, "GATE_REPORT_DIR": str(report)}
+    print(f"releases: {requirement}: {' '.join(command)}", flush=True)
+    subprocess.run(command, cwd=SUITE_ROOT, env={**os.environ, **variables}, check=False)
+    return report / "results.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ci.releases", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("requirements", nargs="+", help="torch requirements, wheels, or REQ=PATH")
+    parser.add_argument("--env", default="gloo4", help="the tox env of each run (default gloo4)")
+    parser.add_argument("--workdir", type=Path, default=Path(".tox-releases"))
+    parser.add_argument("--out", type=Path, default=Path("release-map"))
+    args, pytest_args = parser.parse_known_args(argv)
+    pytest_args = [arg for arg in pytest_args if arg != "--"]
+    out: Path = args.out.resolve()
+    runs: list[tuple[str, GateResults]] = []
+    missing = []
+    for spec in args.requirements:
+        requirement, recorded = _recorded_run(spec)
+        workdir = args.workdir.resolve()
+        path = recorded or run_gate(requirement, args.env, workdir, out, pytest_args)
+        if path.exists():
+            runs.append((requirement, GateResults.load(path)))
+        else:
+            missing.append(requirement)
+    table = release_map(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "release-map.md").write_text(render.markdown(table))
+    (out / "release-map.html").write_text(render.html(table))
+    (out / "release-map.json").write_text(render.as_json(table))
+    print(f"releases: {len(runs)} runs mapped into {out / 'release-map.md'}")
+    for requirement in missing:
+        print(f"releases: {requirement} left no results file", file=sys.stderr)
+    return 1 if missing else 0
