@@ -17,7 +17,7 @@ import pytest
 from torch import nn
 
 from conformance._subworld import SubWorld
-from conformance._upstream import ddp, fsdp, quiet_deprecations, tensor_parallel
+from conformance._upstream import ddp, fsdp, fully_shard_on, quiet_deprecations, tensor_parallel
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
 
@@ -101,13 +101,11 @@ def comparison_tolerance(*cells: Parallelism) -> dict[str, float]:
 
 
 def _ddp(model: nn.Module, world: Any) -> nn.Module:
-
     return ddp.DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
 
 
 def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
-
         hybrid = strategy == "HYBRID_SHARD"
         options: dict[str, Any] = {
             "device_id": world.device,
@@ -136,13 +134,11 @@ def _hybrid_mesh(world: Any) -> Any:
 
 def _fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
-
+        shard = fully_shard_on(world.device)
         mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
         for unit in units(model):
-            fsdp.fully_shard(
-                model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward
-            )
-        fsdp.fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            shard(model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward)
+        shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
         return model
 
     return wrap
@@ -160,7 +156,6 @@ def _replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
 
 
 def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
-
     plan = getattr(model, "tp_plan", None)
     if plan is None:
         pytest.skip(f"{type(model).__name__} has no tensor-parallel plan")
@@ -172,12 +167,12 @@ def _tp(model: nn.Module, world: Any) -> nn.Module:
 
 
 def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
-
+    shard = fully_shard_on(world.device)
     mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
     model = _tensor_parallel(model, mesh["tp"])
     for unit in units(model):
-        fsdp.fully_shard(model.get_submodule(unit), mesh=mesh["dp"])
-    fsdp.fully_shard(model, mesh=mesh["dp"])
+        shard(model.get_submodule(unit), mesh=mesh["dp"])
+    shard(model, mesh=mesh["dp"])
     return model
 
 

@@ -79,6 +79,20 @@ def full_options(**options: Any) -> Any:
     return dsd.StateDictOptions(full_state_dict=True, **options)
 
 
+def fully_shard_on(device: torch.device) -> Any:
+    """``fully_shard`` of the torch under test, or a skip where its release cannot run FSDP2 on
+    ``device``: FSDP2's all-gather records an event on the device's stream, which CPU streams
+    cannot do in releases whose ``torch.cpu.Stream`` lacks ``record_event`` (torch 2.6 among
+    them)."""
+    shard = fsdp.fully_shard
+    if device.type == "cpu" and not hasattr(torch.cpu.Stream, "record_event"):
+        pytest.skip(
+            f"torch {torch.__version__} cannot run fully_shard on CPU devices: "
+            "torch.cpu.Stream has no record_event"
+        )
+    return shard
+
+
 _FSDP1 = "FullyShardedDataParallel"
 
 sdu = TorchModule(

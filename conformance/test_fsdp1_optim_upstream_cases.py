@@ -408,7 +408,6 @@ def test_parameters_whose_requires_grad_changes_between_steps(world):
 
 
 def _named_adam(model: nn.Module) -> torch.optim.Optimizer:
-
     return dist_optim._NamedOptimizer(
         model.named_parameters(), torch.optim.Adam, module=model, lr=LR
     )

@@ -49,6 +49,7 @@ from conformance._upstream import (
     dtensor,
     dtensor_placements,
     fsdp,
+    fully_shard_on,
     quiet_deprecations,
     sdu,
     sharded_tensor,
@@ -403,7 +404,7 @@ def test_gather_of_an_fsdp2_tp_model_with_strided_shards(world):
         mesh["tp"],
         {"fc1": tensor_parallel.ColwiseParallel(), "fc2": tensor_parallel.RowwiseParallel()},
     )
-    fsdp.fully_shard(model, mesh=mesh["dp"])
+    fully_shard_on(world.device)(model, mesh=mesh["dp"])
     state_dict = model.state_dict()
     assert isinstance(state_dict["fc1.weight"].placements[0], dtensor_placements._StridedShard)
     ours = ri.gather_state_dict(state_dict)

@@ -29,6 +29,7 @@ from conformance._upstream import (
     dtensor,
     fsdp,
     full_options,
+    fully_shard_on,
     quiet_deprecations,
     sdu,
     sharded_tensor,
@@ -278,7 +279,7 @@ def test_shared_parameters_in_set_optimizer_state_dict(world, name):
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
         if name == "ddp":
             return ddp.DistributedDataParallel(model)
-        return fsdp.fully_shard(model, mesh=world.mesh(world.size, ("dp",)))
+        return fully_shard_on(world.device)(model, mesh=world.mesh(world.size, ("dp",)))
 
     model = wrap(seeded_tied())
     optimizer = _adam(model)
