@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,6 +78,18 @@ class TorchModule:
 def full_options(**options: Any) -> Any:
     """``StateDictOptions(full_state_dict=True, **options)`` of the torch under test."""
     return dsd.StateDictOptions(full_state_dict=True, **options)
+
+
+def with_parameters(function: Any, *names: str) -> Any:
+    """``function`` of the torch under test, or a skip naming the parameters among ``names``
+    its release lacks (an option added in a later release)."""
+    missing = [name for name in names if name not in inspect.signature(function).parameters]
+    if missing:
+        pytest.skip(
+            f"torch {torch.__version__}'s {function.__qualname__} has no parameter "
+            + ", ".join(missing)
+        )
+    return function
 
 
 def fully_shard_on(device: torch.device) -> Any:

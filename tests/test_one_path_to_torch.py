@@ -11,7 +11,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import torch
+
 from ci.gate.target import SUITE_ROOT
+from conformance._upstream import fsdp, fully_shard_on, with_parameters
 
 # Under judgement: every submodule of torch.distributed and torch.nn.parallel. The core
 # ``torch.distributed`` (process groups, collectives) is the ground the harness stands on.
@@ -132,3 +136,19 @@ def test_a_missing_api_skips_the_tests_that_call_it_naming_it() -> None:
     assert completed.returncode == 0, completed.stdout[-4000:]
     assert f"has no {missing}" in completed.stdout
     assert "1 passed, 1 skipped" in completed.stdout
+
+
+def test_an_option_the_release_lacks_is_a_skip_naming_it() -> None:
+    def older(state_dict: object, *, strict: bool = True) -> None:
+        """A function of a release before cpu_offload existed."""
+
+    with pytest.raises(pytest.skip.Exception, match="older has no parameter cpu_offload"):
+        with_parameters(older, "strict", "cpu_offload")
+    assert with_parameters(older, "strict") is older
+
+
+def test_fsdp2_on_cpu_needs_cpu_streams_that_record_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fully_shard_on(torch.device("cpu")) is fsdp.fully_shard
+    monkeypatch.delattr(torch.cpu.Stream, "record_event")
+    with pytest.raises(pytest.skip.Exception, match="cannot run fully_shard on CPU devices"):
+        fully_shard_on(torch.device("cpu"))
