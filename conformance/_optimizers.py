@@ -77,3 +77,13 @@ OPTIMIZERS: dict[str, OptimizerRecipe] = {
         OptimizerRecipe("adamw_step_lr", _scheduled),
     )
 }
+
+
+def adam(model: nn.Module) -> torch.optim.Optimizer:
+    """The matrix's plain Adam (lr 0.01) over every parameter of ``model``."""
+    return OPTIMIZERS["adam"].build(model)[0]
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """The matrix's plain SGD (lr 0.1, no momentum) over every parameter of ``model``."""
+    return OPTIMIZERS["sgd"].build(model)[0]

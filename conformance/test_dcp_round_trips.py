@@ -20,6 +20,7 @@ import torch
 
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._subworld import SubWorld
 from conformance._upstream import dsd, full_options
@@ -30,7 +31,7 @@ def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.
     model = seeded_mlp()
     if name != "single":
         model = PARALLELISMS[name].parallelise(model, world)
-    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, adam(model)
 
 
 def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:

@@ -45,6 +45,7 @@ from conformance._fsdp1 import (
     torch_model_load,
     torch_model_state_dict,
 )
+from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, exists_at_size
 from conformance._upstream import fsdp, quiet_deprecations
 from conformance.models.common import ground_truth, seeded_mlp, train
@@ -58,7 +59,7 @@ def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
     cell.require(world.size)
     model = cell.parallelise(seeded_mlp(), world)
     if steps:
-        train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps)
+        train(model, adam(model), steps)
     return model
 
 
@@ -140,7 +141,7 @@ def test_loading_matches_the_oracle(world, name, kind):
     assert_trees_identical(_flat_params(by_torch), _flat_params(by_oracle))
     assert_state_dict_equal(ri.fsdp_state_dict(by_oracle), ground_truth(steps=2).model)
     for model in (by_torch, by_oracle):
-        train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps=1)
+        train(model, adam(model), steps=1)
     assert_trees_identical(_flat_params(by_torch), _flat_params(by_oracle))
 
 
@@ -157,7 +158,7 @@ def _half_buffers_fc2_ignored(world: Any, steps: int = 2) -> Any:
             mixed_precision=fsdp.MixedPrecision(buffer_dtype=torch.float16),
             ignored_modules=[model.fc2],
         )
-    train(wrapped, torch.optim.Adam(wrapped.parameters(), lr=0.01), steps)
+    train(wrapped, adam(wrapped), steps)
     return wrapped
 
 
@@ -177,7 +178,7 @@ def test_the_oracle_saves_buffers_in_their_dtype_before_mixed_precision(world):
     ours = ri.fsdp_state_dict(_half_buffers_fc2_ignored(world))
     single = seeded_mlp()
     single.running_scale = single.running_scale.half()
-    train(single, torch.optim.Adam(single.parameters(), lr=0.01), steps=2)
+    train(single, adam(single), steps=2)
     truth = single.state_dict()
     truth["running_scale"] = truth["running_scale"].float()
     assert_state_dict_equal(ours, truth)
@@ -196,7 +197,7 @@ def test_loading_with_mixed_precision_and_ignored_modules_matches_the_oracle(wor
     # torch's load runs FSDP1's lazy initialisation, which casts the buffers;
     # the oracle's leaves that to the first forward, as a fresh model does.
     for model in (by_torch, by_oracle):
-        train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps=1)
+        train(model, adam(model), steps=1)
     assert_trees_identical(
         {**_parameters(by_torch), **dict(by_torch.named_buffers())},
         {**_parameters(by_oracle), **dict(by_oracle.named_buffers())},

@@ -28,6 +28,7 @@ import torch
 import reference_impl as ri
 from conformance._compare import assert_trees_identical
 from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
+from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, first_size_only
 from conformance._upstream import dist_optim, fsdp
 from conformance.models.common import batch, seeded_mlp, train
@@ -38,7 +39,7 @@ Build = Callable[[torch.nn.Module, int], torch.optim.Optimizer]
 
 
 def _adam(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=LR)
+    return adam(model)
 
 
 def _stateless_sgd(model: torch.nn.Module, rank: int) -> torch.optim.Optimizer:

@@ -49,6 +49,7 @@ from conformance._fsdp1 import (
     state_names_sorted,
     under_optim_settings,
 )
+from conformance._optimizers import adam
 from conformance._subworld import SubWorld
 from conformance._upstream import dist_optim, fsdp, quiet_deprecations, sharded_tensor
 from conformance.models import fsdp1_small as small
@@ -162,7 +163,7 @@ def test_optim_state_keys_are_the_model_state_dict_keys(world):
     full model state dict name the same parameters, without wrapper prefixes."""
     model = small.wrap_blocks(small.Blocks(), world.device, ignore_a_shift=True)
     small.apply_checkpointing(model, around=nn.Sequential)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = adam(model)
     _train(model, optimizer, 1)
     with quiet_deprecations():
         theirs = fsdp.FullyShardedDataParallel.full_optim_state_dict(
@@ -279,7 +280,7 @@ def test_loading_into_a_model_with_an_unmanaged_parameter(world, kind, where):
     owner = loader.block2[2] if where == "inside_a_flat_parameter" else loader
     owner.register_parameter("unmanaged", nn.Parameter(torch.randn(5, 5)))
     loader = small.wrap_blocks(loader, world.device)
-    loader_optimizer = torch.optim.Adam(loader.parameters(), lr=LR)
+    loader_optimizer = adam(loader)
 
     def by_torch() -> Any:
         return fsdp1_api(convert)(copy.deepcopy(saved), loader, optim=loader_optimizer)
@@ -309,7 +310,7 @@ def test_a_first_parameter_without_state_saves_and_loads(world, kind):
     converting back match the oracle, and the loaded optimizer trains on."""
     save, save_kwargs, convert = LEGACY_PAIRS[kind]
     model = small.first_unused(world.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = adam(model)
     _train(model, optimizer, 1)
     saved = fsdp1_api(save)(model, optimizer, **save_kwargs)
     ours = ri.fsdp_optim_state_dict(
@@ -331,7 +332,7 @@ def test_state_without_param_groups(world):
     """Given a state dict without ``param_groups``, both save and convert back without them;
     with the groups put back, the optimizer loads exactly what it had."""
     model = small.fsdp1(small.four_linears(), world.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = adam(model)
     _train(model, optimizer, 1, width=8)
     original = copy.deepcopy(optimizer.state_dict())
     without_groups = copy.deepcopy(original)
@@ -367,10 +368,10 @@ def test_load_directly_loads_what_the_oracle_converts(world, use_orig_params):
     """``optim_state_dict_to_load(load_directly=True)`` leaves the optimizer holding what
     the oracle's conversion, loaded by hand, gives another optimizer."""
     model = small.fsdp1(small.four_linears(), world.device, use_orig_params=use_orig_params)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = adam(model)
     _train(model, optimizer, 1, width=8)
     saved = ri.fsdp_optim_state_dict(model, optimizer)
-    by_hand = torch.optim.Adam(model.parameters(), lr=LR)
+    by_hand = adam(model)
     by_hand.load_state_dict(ri.fsdp_optim_state_dict_to_load(model, by_hand, copy.deepcopy(saved)))
     _train(model, optimizer, 1, width=8)
     under_optim_settings(
@@ -390,7 +391,7 @@ def test_parameters_whose_requires_grad_changes_between_steps(world):
     """The first layer is frozen on even steps (use_orig_params): after every step, torch
     and the oracle save the same state, and loading it back changes nothing."""
     model = small.fsdp1(small.four_linears(), world.device, use_orig_params=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = adam(model)
     first_layer = model.module[0]
     for step in range(5):
         first_layer.requires_grad_(step % 2 == 1)
@@ -414,7 +415,7 @@ def _named_adam(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def _adam(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=LR)
+    return adam(model)
 
 
 def _rank_dependent_saved(world: Any, build: Callable[[nn.Module], Any]) -> dict[str, Any]:

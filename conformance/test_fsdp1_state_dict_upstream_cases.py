@@ -54,6 +54,7 @@ from conformance._fsdp1 import (
     torch_model_load,
     torch_model_state_dict,
 )
+from conformance._optimizers import sgd
 from conformance._subworld import SubWorld
 from conformance._upstream import activation_checkpointing, ddp, fsdp, fsdp_wrap, sharded_tensor
 from conformance.models import fsdp1_small as small
@@ -329,7 +330,7 @@ def test_save_and_load_after_training(world, kind, mixed_precision):
         return small.nested(world.device, mixed_precision=precision)
 
     model, untrained = make(), _values(make())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = sgd(model)
     for _ in range(6):
         loss = model(torch.randn(1, 10, device=world.device)).sum()
         assert loss.dtype == (torch.float16 if mixed_precision else torch.float32)
@@ -351,7 +352,7 @@ def _trained_inner_outer(world: Any, wrap: str) -> nn.Module:
     wrapped: nn.Module = (
         small.fsdp1(model, world.device) if wrap == "fsdp" else ddp.DistributedDataParallel(model)
     )
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    optimizer = sgd(wrapped)
     inputs = torch.rand(64, 4, generator=torch.Generator().manual_seed(small.SEED))
     for _ in range(3):
         wrapped(inputs.to(world.device)).sum().backward()
@@ -403,7 +404,7 @@ def test_state_dict_load_into_local_module(world, kind, root):
     else:
         model, local = small.NonFsdpRoot(world.device), small.NonFsdpRoot(world.device, wrap=False)
         inputs = torch.randn(1, 10, device=world.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = sgd(model)
     for _ in range(3):
         model(inputs).sum().backward()
         optimizer.step()
@@ -547,7 +548,7 @@ def test_local_state_dict_resharded_to_half_the_ranks(world):
     and the oracle) whose full state dict is the four-rank model's."""
 
     model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
-    torch.optim.SGD(model.parameters(), lr=0.1)
+    sgd(model)
     saved = _saved(model, "local", world.device)
     full_flats = {key: ri.gather_state_dict({key: value})[key] for key, value in saved.items()}
     expected = _saved(model, "full", world.device)

@@ -32,7 +32,7 @@ import torch
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._optimizers import OPTIMIZERS
+from conformance._optimizers import OPTIMIZERS, adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, exists_at_size, first_size_only
 from conformance._upstream import ddp, dsd, quiet_deprecations
 from conformance.models.common import seeded_mlp, train, unwrapped_name
@@ -51,7 +51,7 @@ def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.
     """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
     parallelism.require(world.size)
     model = parallelism.parallelise(seeded_mlp(), world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     return model, optimizer
 
@@ -137,7 +137,7 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
         (ri.set_state_dict, ours),
     ):
         model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        optimizer = adam(model)
         keys = loader(  # copies: torch's loader rewrites the dicts it is given
             model,
             optimizer,
@@ -237,7 +237,7 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
         (oracle_loaders, ours),
     ):
         model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        optimizer = adam(model)
         rank0 = world.rank == 0
         load_model(model, copy.deepcopy(model_state) if rank0 else {}, options=options)
         load_optimizer(

@@ -33,6 +33,7 @@ import torch
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._optimizers import adam
 from conformance._parallelisms import (
     PARALLELISMS,
     Parallelism,
@@ -73,7 +74,7 @@ def _trained(
     if reason is not None:
         pytest.skip(reason)
     model = recipe.make(cell, world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = adam(model)
     recipe.train(model, optimizer, TRAIN_STEPS)
     return model, optimizer
 
@@ -148,7 +149,7 @@ def _loaded_from_checkpoint(
         if loaded_by == "single"
         else recipe.make(PARALLELISMS[loaded_by], loaders)
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = adam(model)
     if loaders.size == 1:
         load_checkpoint(model, optimizer, path, no_dist=True)
     else:
@@ -169,7 +170,7 @@ def test_model_dcp_resharding_keeps_every_value(world, model_id, saved_by, loade
         if reason is not None:
             pytest.skip(reason)
     model = recipe.make(PARALLELISMS[saved_by], world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = adam(model)
     recipe.train(model, optimizer, TRAIN_STEPS)
     path = str(world.tmp_path / "checkpoint")
     save_checkpoint(model, optimizer, path)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._optimizers import adam, sgd
 from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import (
     activation_checkpointing,
@@ -41,10 +42,6 @@ HANG_DEADLINE_S = 30  # a correct build takes well under a second here
 
 def _wrapped(name: str, world: Any) -> torch.nn.Module:
     return PARALLELISMS[name].parallelise(seeded_mlp(), world)
-
-
-def _adam(model: torch.nn.Module) -> torch.optim.Adam:
-    return torch.optim.Adam(model.parameters(), lr=0.01)
 
 
 # ----- torch 2.13.0's own failures (TORCH-2.13-CPU-FACTS, "Real divergences") ------------
@@ -69,11 +66,11 @@ def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
 def test_broadcast_from_rank0_with_empty_dicts_on_other_ranks(world):
     """pytorch#157781: ranks other than 0 pass ``{}`` for both dicts and still load the model."""
     source = _wrapped("fsdp2", world)
-    source_optimizer = _adam(source)
+    source_optimizer = adam(source)
     train(source, source_optimizer, steps=2)
     model_state, optim_state = dsd.get_state_dict(source, source_optimizer, options=full_options())
     model = _wrapped("fsdp2", world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     given = (model_state, optim_state) if world.rank == 0 else ({}, {})
     dsd.set_state_dict(
         model,
@@ -98,7 +95,7 @@ def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(wor
         sharding_strategy=fsdp.ShardingStrategy.HYBRID_SHARD,
         use_orig_params=True,
     )
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     expected_state = ground_truth(steps=2).optimizer_state
     actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
@@ -111,7 +108,7 @@ def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
     original parameter's position: the result loads into an unwrapped model's Adam as is."""
 
     model = _wrapped("fsdp1_full_shard_flat", world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     with quiet_deprecations():
         full = fsdp.FullyShardedDataParallel.full_optim_state_dict(
@@ -121,7 +118,7 @@ def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
             full, fsdp.OptimStateKeyType.PARAM_ID, model
         )
     plain = seeded_mlp()
-    plain_optimizer = _adam(plain)
+    plain_optimizer = adam(plain)
     plain_optimizer.load_state_dict(rekeyed)
     names = {param: fqn for fqn, param in plain.named_parameters()}
     loaded = {names[param]: state for param, state in plain_optimizer.state.items()}
@@ -142,13 +139,13 @@ def test_comparing_sharded_tensors_with_torch_equal(world):
 def test_frozen_parameters_keep_their_optimizer_state_on_load(world, name):
     """pytorch#192202: the state a frozen parameter had is loaded back, not dropped."""
     model = _wrapped(name, world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     _freeze_fc1_weight(model)
     saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
     fresh = _wrapped(name, world)
     _freeze_fc1_weight(fresh)
-    fresh_optimizer = _adam(fresh)
+    fresh_optimizer = adam(fresh)
     dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=full_options())
     loaded = dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=full_options())
     assert_state_dict_equal(loaded["state"], saved["state"])
@@ -212,7 +209,7 @@ def test_fsdp1_offloaded_optimizer_state_with_orig_params_equals_single_process(
     buffer that the gather of ``exp_avg_sq`` then overwrites."""
 
     model = _wrapped("fsdp1_full_shard_orig", world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     optim_config = fsdp.FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)
     with (
@@ -232,12 +229,12 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
     original parameters, trains on as a single process does. On 2.13 every entry of one flat
     parameter holds the same ``step`` tensor, which Adam then advances once per parameter."""
     source = _wrapped("fsdp1_full_shard_flat", world)
-    source_optimizer = _adam(source)
+    source_optimizer = adam(source)
     train(source, source_optimizer, steps=2)
     model_state = dsd.get_model_state_dict(source, options=full_options())
     optim_state = dsd.get_optimizer_state_dict(source, source_optimizer, options=full_options())
     target = _wrapped(loaded_by, world)
-    target_optimizer = _adam(target)
+    target_optimizer = adam(target)
     dsd.set_model_state_dict(target, model_state, options=full_options())
     dsd.set_optimizer_state_dict(target, target_optimizer, optim_state, options=full_options())
     train(target, target_optimizer, steps=1, start=2)
@@ -252,13 +249,13 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
 def test_full_load_of_uneven_fsdp2_tp_tensors(world):
     """pytorch#136228: full state dicts of uneven tensors load into FSDP2+TP (``_StridedShard``)."""
     source = _wrapped("fsdp2_tp", world)
-    source_optimizer = _adam(source)
+    source_optimizer = adam(source)
     train(source, source_optimizer, steps=2)
     model_state, optim_state = copy.deepcopy(
         dsd.get_state_dict(source, source_optimizer, options=full_options())
     )
     model = _wrapped("fsdp2_tp", world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     dsd.set_state_dict(
         model,
         optimizer,
@@ -282,11 +279,11 @@ def test_shared_parameters_in_set_optimizer_state_dict(world, name):
         return fully_shard_on(world.device)(model, mesh=world.mesh(world.size, ("dp",)))
 
     model = wrap(seeded_tied())
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2, inputs=tokens)
     saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
     fresh = wrap(seeded_tied())
-    fresh_optimizer = _adam(fresh)
+    fresh_optimizer = adam(fresh)
     dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=full_options())
     loaded = dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=full_options())
     assert_state_dict_equal(loaded["state"], saved["state"])
@@ -297,7 +294,7 @@ def test_shared_parameters_in_set_optimizer_state_dict(world, name):
 def test_flattened_round_trip_with_stateless_sgd(world, name):
     """pytorch#192225: SGD without momentum keeps no state; flattened save and load still work."""
     model = _wrapped(name, world)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = sgd(model)
     train(model, optimizer, steps=2)
     flat = dsd.StateDictOptions(flatten_optimizer_state_dict=True)
     saved = dsd.get_optimizer_state_dict(model, optimizer, options=flat)
@@ -314,7 +311,7 @@ def test_flattened_round_trip_with_stateless_sgd(world, name):
 def test_compiled_model_keys_before_and_after_set(world):
     """pytorch#158519: a compiled model's keys carry no ``_orig_mod.``, before and after a load."""
     model = torch.compile(_wrapped("fsdp2", world), backend="eager")
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=1)
     before = dsd.get_model_state_dict(model)
     expected_keys = list(ground_truth(steps=0).model)
@@ -333,7 +330,7 @@ def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(wor
     activation_checkpointing.apply_activation_checkpointing(
         model, check_fn=lambda m: isinstance(m, torch.nn.Linear)
     )
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     truth = ground_truth(steps=2)
     expected, expected_state = truth.model, truth.optimizer_state
@@ -347,7 +344,7 @@ def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(wor
 def test_hsdp_set_optimizer_state_dict(world, name):
     """pytorch#128444: HSDP loads its optimizer state back exactly."""
     model = _wrapped(name, world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=2)
     saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer))
     expected = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
@@ -362,7 +359,7 @@ def test_fsdp2_optimizer_state_is_dtensor_in_sharded_state_dicts(world):
     """PR #128004: ``exp_avg`` of a sharded parameter is a DTensor like the parameter."""
 
     model = _wrapped("fsdp2", world)
-    optimizer = _adam(model)
+    optimizer = adam(model)
     train(model, optimizer, steps=1)
     state = dsd.get_optimizer_state_dict(model, optimizer)["state"]
     for fqn, entries in state.items():

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance._optimizers import adam
 from conformance._upstream import dtensor, tensor_parallel
 
 SEED = 1234
@@ -134,7 +135,7 @@ def ground_truth(
     """Train ``build()`` alone with ``recipe`` (default: Adam, lr 0.01) for ``steps``."""
     model = build()
     if recipe is None:
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        optimizer: torch.optim.Optimizer = adam(model)
         scheduler = None
     else:
         optimizer, scheduler = recipe.build(model)
