@@ -38,6 +38,7 @@ class Parallelism:
     fsdp1: bool = False
     flat_params: bool = False  # FSDP1 without use_orig_params: one flat parameter per wrap
     nested: bool = False  # the model's units are wrapped on their own, inside the root
+    fsdp2: bool = False  # built with fully_shard, which some releases cannot run on CPU
 
     def __post_init__(self) -> None:
         if not self.sizes or any(size < 1 for size in self.sizes):
@@ -55,6 +56,13 @@ class Parallelism:
         """The smallest world size above one rank at which the cell runs: where tests that
         need not run at every size cover it."""
         return min(size for size in self.sizes if size >= 2)
+
+    def skip_unless_runnable(self, device: Any) -> None:
+        """Skip, naming why, where this release cannot build the cell on ``device``. Tests
+        that build a cell on some ranks only call it on every rank first: a skip on some
+        ranks would leave the others waiting in a collective."""
+        if self.fsdp2:
+            fully_shard_on(device)
 
     def require(self, world_size: int) -> None:
         """Refuse a world size the cell lacks: the test's ``applies`` should have left it out."""
@@ -179,11 +187,13 @@ def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
 def _catalogue() -> dict[str, Parallelism]:
     cells = [
         Parallelism("ddp", _ddp, (1, 2, 4)),
-        Parallelism("fsdp2", _fsdp2(reshard_after_forward=True), (1, 2, 4)),
-        Parallelism("fsdp2_keep_unsharded", _fsdp2(reshard_after_forward=False), (2, 4)),
-        Parallelism("hsdp2", _fsdp2(True, hybrid=True), (4,)),
+        Parallelism("fsdp2", _fsdp2(reshard_after_forward=True), (1, 2, 4), fsdp2=True),
+        Parallelism(
+            "fsdp2_keep_unsharded", _fsdp2(reshard_after_forward=False), (2, 4), fsdp2=True
+        ),
+        Parallelism("hsdp2", _fsdp2(True, hybrid=True), (4,), fsdp2=True),
         Parallelism("tp", _tp, (2, 4), exact=False),
-        Parallelism("fsdp2_tp", _fsdp2_tp, (4,), exact=False),
+        Parallelism("fsdp2_tp", _fsdp2_tp, (4,), exact=False, fsdp2=True),
     ]
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"):
         for orig in (True, False):

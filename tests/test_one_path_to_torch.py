@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ci.gate.target import SUITE_ROOT
+from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import fsdp, fully_shard_on, with_parameters
 
 # Under judgement: every submodule of torch.distributed and torch.nn.parallel. The core
@@ -152,3 +153,7 @@ def test_fsdp2_on_cpu_needs_cpu_streams_that_record_events(monkeypatch: pytest.M
     monkeypatch.delattr(torch.cpu.Stream, "record_event")
     with pytest.raises(pytest.skip.Exception, match="cannot run fully_shard on CPU devices"):
         fully_shard_on(torch.device("cpu"))
+    # Every FSDP2 cell says so before building anything, so all ranks skip alike.
+    with pytest.raises(pytest.skip.Exception, match="cannot run fully_shard"):
+        PARALLELISMS["fsdp2_tp"].skip_unless_runnable(torch.device("cpu"))
+    PARALLELISMS["ddp"].skip_unless_runnable(torch.device("cpu"))
