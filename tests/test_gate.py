@@ -239,7 +239,7 @@ def test_the_html_report_renders_in_headless_chromium(gate: GateRun, tmp_path: P
     assert "assert {&#x27;a&#x27;: 1} == {&#x27;a&#x27;: 2}" in source  # escaped, not markup
     shot = gate.out / "report.png"
     _headless(
-        chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900", page
+        chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,2400", page
     )
     colours = {rgb for _, rgb in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
     assert (0xCF, 0x22, 0x2E) in colours  # the title, in the failed run's red
