@@ -33,12 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    forks = [Path(p) for p in config.getoption("manifest") or []]
-    config.stash[APPLIED_MANIFESTS] = [UPSTREAM_MANIFEST, *forks]
-    manifests = [parse(UPSTREAM_MANIFEST, root=SUITE_ROOT), *map(parse, forks)]
-    resolution = resolve(manifests, torch.__version__)
-    config.stash[RESOLUTION] = resolution
-    entries = resolution.entries
+    entries = _resolution(config).entries
     used: set[Entry] = set()
     for item in items:
         for entry in entries:
@@ -67,9 +62,18 @@ def _unused(
     ]
 
 
+def _resolution(config: pytest.Config) -> Resolution:
+    """Upstream's manifest and a fork's, resolved for the torch under test: once a session."""
+    if RESOLUTION not in config.stash:
+        forks = [Path(p) for p in config.getoption("manifest") or []]
+        config.stash[APPLIED_MANIFESTS] = [UPSTREAM_MANIFEST, *forks]
+        manifests = [parse(UPSTREAM_MANIFEST, root=SUITE_ROOT), *map(parse, forks)]
+        config.stash[RESOLUTION] = resolve(manifests, torch.__version__)
+    return config.stash[RESOLUTION]
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    resolution = resolve([parse(UPSTREAM_MANIFEST)], torch.__version__)
-    return release_line(resolution)
+    return release_line(_resolution(config))
 
 
 def release_line(resolution: Resolution) -> str:
