@@ -29,6 +29,7 @@ CHROMIUM_QUIET = (
     "--disable-sync",
 )
 KNOWN = "inner_gate.py::test_known_divergence[[]w2[]] | rank 0 is never 5 | https://example.org/k"
+FIXED = "inner_gate.py::test_fixed_in_this_build[[]w2[]] | fails before 2.0 | https://example.org/f"
 STALE = "inner_gate.py::test_gone | removed long ago | https://example.org/gone"
 
 
@@ -60,7 +61,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
     # The suite's manifest plugin, as conformance/ has it.
     (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
     manifest = work / "fork-manifest.txt"
-    manifest.write_text(f"# a fork's own manifest\n{KNOWN}\n{STALE}\n")
+    manifest.write_text(f"# a fork's own manifest\n{KNOWN}\n{FIXED}\n{STALE}\n")
     out = work / "report"
     args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest)]
     # The rootdir is the suite's folder wherever this runs (else the common ancestor of it
@@ -89,6 +90,7 @@ def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
         "test_rank_one_differs[w2-fsdp2]": "failed",
         "test_cell_missing_at_this_size[w2]": "skipped",
         "test_known_divergence[w2]": "xfailed",
+        "test_fixed_in_this_build[w2]": "xpassed",
         "test_plain_failure": "failed",
     }
 
@@ -126,6 +128,12 @@ def test_skip_and_manifest_reasons_are_kept(gate: GateRun) -> None:
     )
 
 
+def test_a_fixed_known_divergence_is_recorded_as_xpassed_with_its_entry(gate: GateRun) -> None:
+    test = gate.test("test_fixed_in_this_build[w2]")
+    assert test.first_failure == "[XPASS(strict)] fails before 2.0 (https://example.org/f)"
+    assert test.rerun != ""
+
+
 def test_the_execution_target_is_recorded(gate: GateRun) -> None:
     import torch
 
@@ -141,7 +149,7 @@ def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> Non
     assert [Path(p).name for p in gate.results.manifests] == ["upstream.txt", "fork-manifest.txt"]
     (unused,) = gate.results.unused_entries
     assert unused.pattern == "inner_gate.py::test_gone"
-    assert unused.source.endswith("fork-manifest.txt:3")
+    assert unused.source.endswith("fork-manifest.txt:4")
 
 
 def test_the_release_of_the_build_is_resolved_and_reported(gate: GateRun) -> None:
@@ -181,22 +189,22 @@ def test_junit_xml_carries_the_failing_ranks(gate: GateRun) -> None:
 
 
 def test_the_terminal_shows_progress_and_a_summary_table(gate: GateRun) -> None:
-    assert "[gate] 4/10 tests done, 1 failed, world gloo w2" in gate.output
+    assert "[gate] 4/11 tests done, 1 failed, world gloo w2" in gate.output
     assert "gate summary" in gate.output
     (total,) = [line for line in gate.output.splitlines() if line.startswith("total ")]
     # Columns in OUTCOMES' order: failed, error, xpassed, passed, xfailed, skipped.
-    assert total.split() == ["total", "3", "0", "0", "5", "1", "1"]
+    assert total.split() == ["total", "3", "0", "1", "5", "1", "1"]
 
 
 def test_the_markdown_report(gate: GateRun) -> None:
     report = (gate.out / "report.md").read_text()
-    assert report.startswith("# State-dict conformance gate: FAILED (3 failing test ids)")
+    assert report.startswith("# State-dict conformance gate: FAILED (4 failing test ids)")
     assert "| ddp | ✘1 ✔2 |" in report
     assert "| hsdp2 | ✔1 |" in report
     assert "Not applicable (not collected): 1." in report
     assert "| hsdp2 | - (+1 n/a) | 1 |" in report
     assert "| ddp | 1 | 2 |" in report
-    assert "| other | ✘1 ✔2 xf1 s1 |" in report
+    assert "| other | ✘1 XP1 ✔2 xf1 s1 |" in report
     assert "### `inner_gate.py::test_rank_one_differs[w2-ddp]`" in report
     assert "- outcome: failed; ranks: 1" in report
     assert "first at index (1,): got 3.0, expected 2.0" in report

@@ -29,6 +29,8 @@ from harness.outcomes import OUTCOMES, Outcome, is_failure
 from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE
 
 PROGRESS_EVERY_S = 60.0
+# How pytest reports a test marked xfail(strict=True) that passed: a failed call.
+STRICT_XPASS = "[XPASS(strict)]"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -81,13 +83,23 @@ class _Record:
             self.outcome = "xpassed" if hasattr(report, "wasxfail") else "passed"
 
     def _add_failure(self, report: pytest.TestReport) -> None:
-        if self.outcome in ("failed", "error"):
+        if self.outcome in ("failed", "error", "xpassed"):
             return  # the first failure is the one to show
+        if _is_strict_xpass(report):  # a known divergence that this build fixed
+            self.outcome = "xpassed"
+            self.first_failure = str(report.longrepr)
+            return
         self.outcome = "failed" if report.when == "call" else "error"
         properties = dict(report.user_properties)
         ranks = str(properties.get(FAILING_RANKS, ""))
         self.failing_ranks = tuple(int(rank) for rank in ranks.split(",") if rank)
         self.first_failure = str(properties.get(FIRST_FAILURE, "")) or _crash_message(report)
+
+
+def _is_strict_xpass(report: pytest.TestReport) -> bool:
+    """Whether pytest failed this call because a strict xfail passed: it reports those as
+    failures whose whole representation is ``[XPASS(strict)] reason``."""
+    return report.when == "call" and str(report.longrepr).startswith(STRICT_XPASS)
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -178,9 +190,10 @@ class GateRecorder:
         self, nodeid: str, record: _Record, parallelisms: frozenset[str]
     ) -> TestResult:
         check, parallelism = classify(nodeid, parallelisms)
+        outcome = record.outcome or "error"  # a test id that never reported a phase
         return TestResult(
             nodeid=nodeid,
-            outcome=record.outcome or "error",  # a test id that never reported a phase
+            outcome=outcome,
             duration_s=round(record.duration_s, 3),
             check=check,
             parallelism=parallelism,
@@ -188,7 +201,7 @@ class GateRecorder:
             failing_ranks=record.failing_ranks,
             first_failure=record.first_failure,
             reason=record.reason,
-            rerun=self._rerun_command(nodeid) if record.outcome in ("failed", "error") else "",
+            rerun=self._rerun_command(nodeid) if is_failure(outcome) else "",
         )
 
     def _release(self) -> ReleaseResolution | None:

@@ -34,5 +34,10 @@ def test_known_divergence(world):
     assert world.rank == 5
 
 
+@pytest.mark.world(2)
+def test_fixed_in_this_build(world):
+    assert world.size == 2
+
+
 def test_plain_failure():
     assert {"a": 1} == {"a": 2}
