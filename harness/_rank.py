@@ -102,6 +102,9 @@ def _dtensor_cache_clears() -> tuple[Callable[[], None], ...]:
     cached = [getattr(_redistribute, "_gen_transform_infos", None)]
     if propagator is not None:
         cached += [getattr(propagator, name, None) for name in dir(propagator)]
+        # Releases such as 2.8 wrap the propagation cache in a thread-local holder of an
+        # lru_cache (its ``cache``); ranks run tests on their main thread.
+        cached += [getattr(function, "cache", None) for function in cached]
     clears = [getattr(function, "cache_clear", None) for function in cached]
     # The C++ dispatch fast path keeps its own cache.
     clears.append(getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))
