@@ -142,10 +142,17 @@ class Resolution:
     entries: list[Entry]
     recorded: bool
     newest_recorded: Version | None
+    oldest_recorded: Version | None = None
 
     @property
     def inferred(self) -> list[Entry]:
         return [] if self.recorded else [entry for entry in self.entries if entry.releases]
+
+    @property
+    def predates_the_suite(self) -> bool:
+        """Whether the release is older than every recorded one: the suite was not measured
+        there, so its failures may be the suite's own (conformance/README.md, releases)."""
+        return self.oldest_recorded is not None and self.release < self.oldest_recorded
 
 
 def resolve(manifests: list[Manifest], torch_version: str) -> Resolution:
@@ -157,6 +164,7 @@ def resolve(manifests: list[Manifest], torch_version: str) -> Resolution:
         entries=[e for m in manifests for e in m.entries if e.holds_for(release)],
         recorded=release in recorded,
         newest_recorded=recorded[-1] if recorded else None,
+        oldest_recorded=recorded[0] if recorded else None,
     )
 
 

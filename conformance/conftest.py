@@ -80,6 +80,12 @@ def release_line(resolution: Resolution) -> str:
     """One line on how the build's release resolved against the recorded releases."""
     if resolution.recorded:
         return f"known divergences: torch release {resolution.release} (recorded)"
+    if resolution.predates_the_suite:
+        return (
+            f"known divergences: torch release {resolution.release} predates the oldest "
+            f"recorded release ({resolution.oldest_recorded}), the oldest this suite serves: "
+            "failures may be the suite's own"
+        )
     return (
         f"known divergences: torch release {resolution.release} is not recorded (newest "
         f"recorded: {resolution.newest_recorded}); {len(resolution.inferred)} entries "

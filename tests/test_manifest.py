@@ -107,6 +107,31 @@ def test_an_unrecorded_newer_build_gets_the_entries_still_open_as_inferred(
     assert [e.pattern for e in resolution.inferred] == ["t.py::open_since_2_6"]
 
 
+def test_a_release_older_than_every_recorded_one_predates_the_suite(tmp_path: Path) -> None:
+    older = resolve([_catalogue(tmp_path)], "2.5.1+cu124")
+    assert older.predates_the_suite
+    assert older.oldest_recorded == Version("2.6.0")
+    assert not resolve([_catalogue(tmp_path)], "2.7.0").predates_the_suite
+    assert not resolve([_catalogue(tmp_path)], "2.6.0").predates_the_suite
+
+
+def test_the_header_says_how_the_release_resolved(tmp_path: Path) -> None:
+    from conformance.conftest import release_line
+
+    catalogue = [_catalogue(tmp_path)]
+    assert release_line(resolve(catalogue, "2.13.0+cpu")) == (
+        "known divergences: torch release 2.13.0 (recorded)"
+    )
+    assert release_line(resolve(catalogue, "2.16.0a0+gitabc")) == (
+        "known divergences: torch release 2.16.0 is not recorded (newest recorded: 2.15.0); "
+        "1 entries inferred from their release ranges"
+    )
+    assert release_line(resolve(catalogue, "2.5.1")) == (
+        "known divergences: torch release 2.5.1 predates the oldest recorded release (2.6.0), "
+        "the oldest this suite serves: failures may be the suite's own"
+    )
+
+
 def test_the_upstream_manifest_parses_and_records_releases() -> None:
     manifest = parse(UPSTREAM_MANIFEST)
     assert manifest.recorded

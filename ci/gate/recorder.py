@@ -215,6 +215,7 @@ class GateRecorder:
             recorded=resolution.recorded,
             newest_recorded=str(resolution.newest_recorded or "none"),
             inferred=tuple(f"{e.source}: {e.pattern}" for e in resolution.inferred),
+            predates_the_suite=resolution.predates_the_suite,
         )
 
     def _rerun_command(self, nodeid: str) -> str:

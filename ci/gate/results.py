@@ -88,10 +88,16 @@ class ReleaseResolution:
     recorded: bool
     newest_recorded: str
     inferred: tuple[str, ...] = ()  # "source: pattern" of each entry applied by its range alone
+    predates_the_suite: bool = False  # older than every recorded release
 
     def describe(self) -> str:
         if self.recorded:
             return f"release {self.release}, recorded"
+        if self.predates_the_suite:
+            return (
+                f"release {self.release} predates the oldest release this suite serves: "
+                "failures may be the suite's own"
+            )
         return (
             f"release {self.release} is not recorded (newest recorded: {self.newest_recorded}): "
             f"{len(self.inferred)} known divergences inferred from their release ranges"
