@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness._devices import CPU
 from harness._spec import WorldSpec
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ class WorldContext:
     """This rank's view of its world during one test.
 
     ``tmp_path`` is the same directory on every rank of the test (on one
-    node); ``device`` is ``cuda:<local_rank>`` in CUDA worlds, else ``cpu``.
+    node); ``device`` is ``<device_type>:<local_rank>`` in accelerator worlds, else ``cpu``.
     """
 
     spec: WorldSpec
@@ -52,9 +53,9 @@ class WorldContext:
     def device(self) -> torch.device:
         import torch
 
-        if self.device_type == "cuda":
-            return torch.device("cuda", self.local_rank)
-        return torch.device(self.device_type)
+        if self.device_type == CPU:
+            return torch.device(CPU)
+        return torch.device(self.device_type, self.local_rank)
 
     def mesh(
         self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None
@@ -79,7 +80,7 @@ class WorldContext:
         """Wait until every rank of the world reaches this point."""
         import torch.distributed as dist
 
-        if self.device_type == "cuda":
+        if self.device_type != CPU:
             dist.barrier(device_ids=[self.local_rank])
         else:
             dist.barrier()

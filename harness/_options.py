@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness._spec import BACKEND_DEVICE_TYPES
+from harness import _devices
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
@@ -19,7 +19,8 @@ DEFAULT_DEADLINE_FLOOR_S = 30.0
 class WorldOptions:
     """How this session runs world tests."""
 
-    backend: str = "gloo"
+    backend: str = "gloo"  # resolved: a backend the build has, never "auto"
+    device_type: str = "cpu"  # resolved likewise
     sizes: tuple[int, ...] | None = None  # None: every size a test asks for
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_worlds: int = 1
@@ -32,10 +33,6 @@ class WorldOptions:
     deadline_floor_s: float = DEFAULT_DEADLINE_FLOOR_S
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKEND_DEVICE_TYPES:
-            raise pytest.UsageError(
-                f"--backend must be one of {', '.join(BACKEND_DEVICE_TYPES)}, got {self.backend!r}"
-            )
         if self.sizes is not None and (not self.sizes or min(self.sizes) < 1):
             raise pytest.UsageError(f"--world-sizes needs positive sizes, got {self.sizes}")
         if self.timeout_s <= 0:
@@ -56,8 +53,15 @@ class WorldOptions:
     @classmethod
     def from_config(cls, config: pytest.Config) -> WorldOptions:
         raw_sizes = config.getoption("world_sizes")
+        try:
+            backend, device_type = _devices.resolve(
+                config.getoption("backend"), config.getoption("device")
+            )
+        except ValueError as error:
+            raise pytest.UsageError(f"--backend/--device: {error}") from None
         return cls(
-            backend=config.getoption("backend"),
+            backend=backend,
+            device_type=device_type,
             sizes=_parse_sizes(raw_sizes) if raw_sizes else None,
             timeout_s=config.getoption("world_timeout"),
             max_worlds=config.getoption("max_worlds"),
@@ -100,9 +104,18 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("world", "SPMD worlds of rank processes")
     group.addoption(
         "--backend",
-        default="gloo",
-        choices=sorted(BACKEND_DEVICE_TYPES),
-        help="process-group backend of the worlds (default: gloo)",
+        default=_devices.AUTO,
+        metavar="NAME",
+        help="process-group backend of the worlds: any the torch build has registered, built "
+        "in or out of tree (a vendor's, loaded by HARNESS_PRELOAD); auto: the default backend "
+        "of the device type (default: auto)",
+    )
+    group.addoption(
+        "--device",
+        default=_devices.AUTO,
+        metavar="TYPE",
+        help="device type of the worlds' ranks, bound to TYPE:local_rank (cpu, cuda, xpu, a "
+        "vendor's); auto: the build's accelerator, else cpu (default: auto)",
     )
     group.addoption(
         "--world-sizes",

@@ -4,38 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKEND_DEVICE_TYPES: dict[str, tuple[str, ...]] = {
-    "gloo": ("cpu", "cuda"),
-    "nccl": ("cuda",),
-}
-DEFAULT_DEVICE_TYPE: dict[str, str] = {"gloo": "cpu", "nccl": "cuda"}
+from harness import _devices
 
 
 @dataclass(frozen=True, order=True)
 class WorldSpec:
     """A world of ``size`` rank processes joined by one ``backend`` process group.
 
-    Ranks of a ``cuda`` world are bound to ``cuda:<local_rank>``; ``cpu`` worlds
-    keep their tensors in host memory.
+    Ranks are bound to ``<device_type>:<local_rank>`` (CPU worlds keep their tensors in host
+    memory). Either name may be ``auto`` (the default for the device type), resolved against
+    the torch build on construction (``harness._devices``), which imports torch.
     """
 
     backend: str
     size: int
-    device_type: str = ""
+    device_type: str = _devices.AUTO
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKEND_DEVICE_TYPES:
-            known = ", ".join(sorted(BACKEND_DEVICE_TYPES))
-            raise ValueError(f"unknown backend {self.backend!r}; expected one of: {known}")
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.size!r}")
-        if not self.device_type:
-            object.__setattr__(self, "device_type", DEFAULT_DEVICE_TYPE[self.backend])
-        if self.device_type not in BACKEND_DEVICE_TYPES[self.backend]:
-            raise ValueError(
-                f"backend {self.backend!r} cannot run on device type {self.device_type!r}; "
-                f"it supports {', '.join(BACKEND_DEVICE_TYPES[self.backend])}"
-            )
+        backend, device_type = _devices.resolve(self.backend, self.device_type)
+        object.__setattr__(self, "backend", backend)
+        object.__setattr__(self, "device_type", device_type)
 
     @property
     def label(self) -> str:
@@ -43,24 +33,17 @@ class WorldSpec:
         return f"{self.backend}/{self.device_type} x{self.size}"
 
     def unavailable_reason(self) -> str | None:
-        """Why this machine cannot host the world, or None when it can.
-
-        Imports torch, so it is only called where a world is really needed.
-        """
-        import torch
+        """Why this machine cannot host the world, or None when it can."""
         import torch.distributed as dist
 
         if not dist.is_available():
             return "torch.distributed is not available in this torch build"
-        if self.backend == "nccl" and not dist.is_nccl_available():
-            return "this torch build has no NCCL backend"
-        if self.backend == "gloo" and not dist.is_gloo_available():
-            return "this torch build has no gloo backend"
-        if self.device_type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count < self.size:
-                return (
-                    f"{self.label} needs {self.size} CUDA devices (one per rank); "
-                    f"this machine has {count}"
-                )
+        if not _devices.is_available(self.backend):
+            return f"this torch build has no {self.backend} backend"
+        count = _devices.device_count(self.device_type)
+        if count is not None and count < self.size:
+            return (
+                f"{self.label} needs {self.size} {self.device_type} devices (one per rank); "
+                f"this machine has {count}"
+            )
         return None

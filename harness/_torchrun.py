@@ -23,11 +23,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import _env, outcomes
+from harness import _devices, _env, outcomes
 from harness import _messages as msg
 from harness._context import WorldContext
 from harness._outcome import WorldOutcome
-from harness._spec import DEFAULT_DEVICE_TYPE, WorldSpec
+from harness._spec import WorldSpec
 
 _FINISH_WAIT_S = 600.0
 _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -45,17 +45,15 @@ def launched_by_torchrun() -> bool:
 class TorchrunWorld:
     """The world torchrun launched, seen from this rank."""
 
-    def __init__(self, backend: str) -> None:
-        import torch
+    def __init__(self, backend: str, device_type: str) -> None:
         import torch.distributed as dist
 
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.spec = WorldSpec(backend, int(os.environ["WORLD_SIZE"]), DEFAULT_DEVICE_TYPE[backend])
-        if self.spec.device_type == "cuda":
-            torch.cuda.set_device(self.local_rank)
+        self.spec = WorldSpec(backend, int(os.environ["WORLD_SIZE"]), device_type)
+        _devices.bind(self.spec.device_type, self.local_rank)
         if not dist.is_initialized():
-            dist.init_process_group(backend)
+            dist.init_process_group(self.spec.backend)
         client = dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
         )
@@ -88,7 +86,7 @@ class TorchrunWorld:
     def barrier(self) -> None:
         import torch.distributed as dist
 
-        if self.spec.device_type == "cuda":
+        if self.spec.device_type != _devices.CPU:
             dist.barrier(device_ids=[self.local_rank])
         else:
             dist.barrier()

@@ -24,7 +24,7 @@ from harness import _messages as msg
 from harness._options import WorldOptions, add_options
 from harness._outcome import WorldOutcome, describe_exception
 from harness._pool import WorldPool
-from harness._preload import import_preloads
+from harness._preload import PRELOAD, import_preloads
 from harness._spec import WorldSpec
 from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
 from harness._world import TestRequest, WorldSettings, WorldStartError
@@ -79,11 +79,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if _in_rank_process():
         return
+    # Spawned ranks import them at start-up; here they may register the backend named.
+    try:
+        import_preloads()
+    except ImportError as error:
+        raise pytest.UsageError(f"{PRELOAD}: {error}") from None
     options = WorldOptions.from_config(config)
     session = _Session(options)
     if launched_by_torchrun():
-        import_preloads()  # spawned ranks import them at start-up
-        session.torchrun = TorchrunWorld(options.backend)
+        session.torchrun = TorchrunWorld(options.backend, options.device_type)
         if not session.torchrun.is_reporter:
             # Rank 0 alone prints and writes the junit XML.
             config.option.xmlpath = None
@@ -205,7 +209,7 @@ def world(request: pytest.FixtureRequest) -> Any:
         return state.torchrun.context(_safe_name(request.node.nodeid))
     if state.worlds_tmp is None:  # looked up once: a fixture lookup per test costs
         state.worlds_tmp = request.getfixturevalue("tmp_path_factory").getbasetemp() / "worlds"
-    spec = WorldSpec(state.options.backend, size)
+    spec = WorldSpec(state.options.backend, size, state.options.device_type)
     return WorldTicket(spec=spec, tmp_path=state.worlds_tmp / _safe_name(request.node.nodeid))
 
 

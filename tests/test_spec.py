@@ -17,9 +17,9 @@ def test_defaults_device_type_from_backend() -> None:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (("mpi", 2), "unknown backend 'mpi'"),
+        (("no_such_ccl", 2), "unknown backend 'no_such_ccl'"),
         (("gloo", 0), "world size must be a positive integer"),
-        (("gloo", 2, "tpu"), "cannot run on device type 'tpu'"),
+        (("gloo", 2, "tpu"), "unknown device type 'tpu'"),
         (("nccl", 2, "cpu"), "cannot run on device type 'cpu'"),
     ],
 )
@@ -36,12 +36,12 @@ def test_gloo_cpu_world_is_available_here() -> None:
 def test_cuda_world_without_enough_gpus_says_how_many_it_needs() -> None:
     reason = WorldSpec("gloo", 2, "cuda").unavailable_reason()
     assert reason is not None
-    assert "needs 2 CUDA devices (one per rank)" in reason
+    assert "gloo/cuda x2 needs 2 cuda devices (one per rank)" in reason
 
 
 @pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="this torch has NCCL")
 def test_nccl_world_without_nccl_says_so() -> None:
-    assert WorldSpec("nccl", 1).unavailable_reason() == "this torch build has no NCCL backend"
+    assert WorldSpec("nccl", 1).unavailable_reason() == "this torch build has no nccl backend"
 
 
 def context(size: int) -> WorldContext:

@@ -1,6 +1,7 @@
 """The gate's entry point: run the conformance suite, write junit XML, results and reports.
 
-    python -m ci.gate --backend gloo --world-sizes 1,2,4 --out gate-report [-- PYTEST_ARGS]
+    python -m ci.gate [--backend NAME] [--device TYPE] --world-sizes 1,2,4 --out gate-report \\
+        [-- PYTEST_ARGS]
 
 writes into ``--out``: ``junit.xml``, ``results.json`` (every test id: outcome, duration,
 failing ranks, first difference, rerun command; the execution target), ``report.md`` and
@@ -27,7 +28,19 @@ MANIFEST_ENV = "GATE_MANIFEST"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ci.gate", description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        metavar="NAME",
+        help="any backend the torch build has registered (gloo, nccl, xccl, a vendor's loaded "
+        "by HARNESS_PRELOAD); auto: the device type's default (default: auto)",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="TYPE",
+        help="device type of the ranks; auto: the build's accelerator, else cpu (default: auto)",
+    )
     parser.add_argument("--world-sizes", default="1,2,4", help="comma-separated, e.g. 1,2,4")
     parser.add_argument("--out", type=Path, default=Path("gate-report"), help="output folder")
     parser.add_argument(
@@ -65,7 +78,8 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
     command = [sys.executable, "-m", "pytest", *([] if names_tests else ["conformance"])]
     # Paths go in --option=value form: pytest takes a separate path argument as a test path
     # when it picks the rootdir, and node ids (and manifest patterns) are relative to it.
-    command += [f"--backend={args.backend}", f"--world-sizes={args.world_sizes}"]
+    command += [f"--backend={args.backend}", f"--device={args.device}"]
+    command += [f"--world-sizes={args.world_sizes}"]
     command += [f"--junitxml={out / 'junit.xml'}", "-p", "ci.gate.recorder"]
     command += [f"--gate-results={out / 'results.json'}"]
     command += [f"--manifest={Path(manifest).resolve()}" for manifest in args.manifest]

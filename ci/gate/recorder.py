@@ -25,6 +25,7 @@ from ci.gate.results import (
     count_by_parallelism_and_size,
 )
 from ci.gate.target import detect, suite_commit
+from harness import WorldSpec
 from harness.outcomes import OUTCOMES, Outcome, is_failure
 from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE
 
@@ -166,11 +167,10 @@ class GateRecorder:
     def results(self, exit_status: int) -> GateResults:
         from conformance import APPLIED_MANIFESTS, UNUSED_ENTRIES
 
-        backend = str(self.config.getoption("backend"))
         sizes = tuple(sorted({s for s in self.sizes.values() if s is not None}))
         parallelisms = _known_parallelisms()
         return GateResults(
-            target=detect(backend, sizes, self.suite_commit),
+            target=detect(self._backend(), sizes, self.suite_commit),
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
             manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],
@@ -204,6 +204,11 @@ class GateRecorder:
             rerun=self._rerun_command(nodeid) if is_failure(outcome) else "",
         )
 
+    def _backend(self) -> str:
+        """The worlds' backend, ``auto`` resolved as the harness resolves it."""
+        backend, device = self.config.getoption("backend"), self.config.getoption("device")
+        return WorldSpec(str(backend), 1, str(device)).backend
+
     def _release(self) -> ReleaseResolution | None:
         from conformance import RESOLUTION
 
@@ -226,6 +231,7 @@ class GateRecorder:
         where = os.path.relpath(self.config.rootpath / path, invoked_in)
         args = ["python", "-m", "pytest", f"{where}::{name}"]
         args.append(f"--backend={self.config.getoption('backend')}")
+        args.append(f"--device={self.config.getoption('device')}")
         manifests = self.config.getoption("manifest", None) or []
         args += [f"--manifest={manifest}" for manifest in manifests]
         if self.config.getoption("require_devices", False):
@@ -246,7 +252,7 @@ class GateRecorder:
         failed = sum(
             1 for record in self.records.values() if record.outcome and is_failure(record.outcome)
         )
-        world = f"{self.config.getoption('backend')} w{size}" if size else "controller"
+        world = f"{self._backend()} w{size}" if size else "controller"
         reporter.write("\n")  # pytest's progress dots may be mid-line
         reporter.write_line(
             f"[gate] {done}/{len(self.sizes)} tests done, {failed} failed, "

@@ -1,0 +1,83 @@
+"""Worlds on any backend and device type the torch build has: ``auto`` resolution, names it
+lacks refused with what it has, and a backend registered out of tree (as a vendor's
+extension does) running worlds, meshes and DTensors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import _devices
+from harness._preload import PRELOAD
+from tests._inner import INNER_DIR, run_inner
+
+no_accelerator = pytest.mark.skipif(
+    _devices.accelerator() is not None, reason="this machine has an accelerator"
+)
+
+
+@no_accelerator
+def test_auto_is_cpu_and_gloo_without_an_accelerator() -> None:
+    assert _devices.resolve("auto", "auto") == ("gloo", "cpu")
+    assert _devices.resolve("gloo", "auto") == ("gloo", "cpu")
+
+
+def test_a_backend_brings_the_device_type_it_declared() -> None:
+    assert _devices.resolve("nccl", "auto") == ("nccl", "cuda")
+    assert _devices.resolve("auto", "cuda") == ("nccl", "cuda")
+
+
+@pytest.mark.parametrize(
+    ("backend", "device_type", "error"),
+    [
+        ("no_such_ccl", "cpu", r"unknown backend 'no_such_ccl'; this torch build has: .*gloo"),
+        ("gloo", "tpu", "unknown device type 'tpu'; this build has cpu"),
+        ("nccl", "cpu", "backend 'nccl' cannot run on device type 'cpu'; it supports cuda"),
+    ],
+)
+def test_names_the_build_lacks_are_refused(backend: str, device_type: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        _devices.resolve(backend, device_type)
+
+
+def test_an_unknown_backend_is_a_usage_error_before_any_test(tmp_path) -> None:
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--backend", "no_such_ccl", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout
+    assert "--backend/--device: unknown backend 'no_such_ccl'; this torch build has:" in (
+        completed.stderr
+    )
+
+
+def test_worlds_run_on_a_backend_registered_out_of_tree(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(PRELOAD, "gloo_relay_backend")
+    run = run_inner(
+        "inner_backend.py", tmp_path / "run", "--backend", "gloo_relay", pythonpath=INNER_DIR
+    )
+    assert run.outcome("test_the_world_runs_on_the_registered_backend[w2]") == "passed", run.output
+    assert run.outcome("test_meshes_and_dtensors_use_it_too[w4]") == "passed", run.output
+
+
+def test_without_its_preload_the_registered_name_is_unknown(tmp_path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != PRELOAD}
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--backend", "gloo_relay", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "unknown backend 'gloo_relay'" in completed.stderr
