@@ -88,3 +88,20 @@ def run_inner(
     output = completed.stdout + completed.stderr
     assert junit.exists(), f"inner run wrote no junit XML:\n{output}"
     return InnerRun(completed.returncode, output, _read_junit(junit), workdir)
+
+
+def start_session(
+    workdir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A pytest session over one trivial test in ``workdir``, with ``args``: for what the
+    harness refuses at start-up, before any test runs."""
+    (workdir / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )

@@ -5,14 +5,12 @@ extension does) running worlds, meshes and DTensors."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from harness import _devices
 from harness._preload import PRELOAD
-from tests._inner import INNER_DIR, run_inner
+from tests._inner import INNER_DIR, run_inner, start_session
 
 no_accelerator = pytest.mark.skipif(
     _devices.accelerator() is not None, reason="this machine has an accelerator"
@@ -44,15 +42,7 @@ def test_names_the_build_lacks_are_refused(backend: str, device_type: str, error
 
 
 def test_an_unknown_backend_is_a_usage_error_before_any_test(tmp_path) -> None:
-    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--backend", "no_such_ccl", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    completed = start_session(tmp_path, "--backend", "no_such_ccl")
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout
     assert "--backend/--device: unknown backend 'no_such_ccl'; this torch build has:" in (
         completed.stderr
@@ -70,14 +60,6 @@ def test_worlds_run_on_a_backend_registered_out_of_tree(tmp_path, monkeypatch) -
 
 def test_without_its_preload_the_registered_name_is_unknown(tmp_path) -> None:
     env = {key: value for key, value in os.environ.items() if key != PRELOAD}
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--backend", "gloo_relay", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    completed = start_session(tmp_path, "--backend", "gloo_relay", env=env)
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert "unknown backend 'gloo_relay'" in completed.stderr

@@ -4,13 +4,10 @@ usage error naming it, before any test runs."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from harness._preload import PRELOAD
-from tests._inner import run_inner
+from tests._inner import run_inner, start_session
 
 MARKER = "import torch.distributed\nJOINED_AT_IMPORT = torch.distributed.is_initialized()\n"
 
@@ -24,14 +21,6 @@ def test_every_rank_imports_the_preloaded_modules_first(tmp_path, monkeypatch):
 
 def test_a_module_that_cannot_be_imported_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv(PRELOAD, "no_such_preload_module")
-    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    completed = start_session(tmp_path)
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout
     assert "HARNESS_PRELOAD: No module named 'no_such_preload_module'" in completed.stderr
