@@ -93,9 +93,10 @@ def resolve(backend: str, device_type: str) -> tuple[str, str]:
     if device_type == AUTO:
         device_type = _device_for(backend)
     if not is_device_type(device_type):
+        found = accelerator()
         raise ValueError(
             f"unknown device type {device_type!r}; this build has {CPU}"
-            + (f" and {accelerator()}" if accelerator() else "")
+            + (f" and {found}" if found else "")
         )
     if backend == AUTO:
         backend = default_backend(device_type)

@@ -8,6 +8,7 @@ of failed world tests), so it changes no test's outcome.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import time
@@ -170,7 +171,7 @@ class GateRecorder:
         sizes = tuple(sorted({s for s in self.sizes.values() if s is not None}))
         parallelisms = _known_parallelisms()
         return GateResults(
-            target=detect(self._backend(), sizes, self.suite_commit),
+            target=detect(self._backend, sizes, self.suite_commit),
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
             manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],
@@ -204,8 +205,10 @@ class GateRecorder:
             rerun=self._rerun_command(nodeid) if is_failure(outcome) else "",
         )
 
+    @functools.cached_property
     def _backend(self) -> str:
-        """The worlds' backend, ``auto`` resolved as the harness resolves it."""
+        """The worlds' backend, ``auto`` resolved as the harness resolves it (once a run:
+        progress lines ask for it too)."""
         backend, device = self.config.getoption("backend"), self.config.getoption("device")
         return WorldSpec(str(backend), 1, str(device)).backend
 
@@ -252,7 +255,7 @@ class GateRecorder:
         failed = sum(
             1 for record in self.records.values() if record.outcome and is_failure(record.outcome)
         )
-        world = f"{self._backend()} w{size}" if size else "controller"
+        world = f"{self._backend} w{size}" if size else "controller"
         reporter.write("\n")  # pytest's progress dots may be mid-line
         reporter.write_line(
             f"[gate] {done}/{len(self.sizes)} tests done, {failed} failed, "
