@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._optimizers import adam, sgd
@@ -370,11 +371,15 @@ def test_fsdp2_optimizer_state_is_dtensor_in_sharded_state_dicts(world):
 
 
 @pytest.mark.world(1)
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CPU tensors under NCCL")
 def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
-    """pytorch#138842: a CPU model loads a full state dict broadcast over NCCL."""
-    if world.backend != "nccl":
-        pytest.skip("needs the nccl backend (run with --backend nccl)")
+    """pytorch#138842: a CPU model loads a full state dict broadcast over a backend that moves
+    only accelerator tensors (NCCL, XCCL, HCCL, ...)."""
+    served = {part.partition(":")[0] for part in dist.get_backend_config().split(",")}
+    if "cpu" in served:
+        pytest.skip(
+            f"needs a backend that moves only accelerator tensors; {world.backend} moves CPU "
+            "tensors (run with --backend nccl, or the accelerator's own)"
+        )
     model = seeded_mlp()  # stays on the CPU; the group only moves CUDA tensors
     expected = ground_truth(steps=0).model
     zeros = {k: torch.zeros_like(v) for k, v in expected.items()}

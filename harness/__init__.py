@@ -3,6 +3,8 @@
 Test authors use the ``@pytest.mark.world(*sizes)`` marker and the ``world``
 fixture (a :class:`WorldContext` on every rank). The classes below let other
 tools (benchmarks, the gate) run bodies in worlds without pytest's collection.
+``harness.devices`` names the device types and backends the torch build has, and
+``harness.outcomes`` the words for how a test ended.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from harness._context import WorldContext
 from harness._outcome import WorldOutcome
 from harness._pool import WorldPool
+from harness._preload import import_preloads
 from harness._spec import WorldSpec
 from harness._torchrun import launched_by_torchrun
 from harness._world import TestRequest, World, WorldSettings, WorldStartError
@@ -23,5 +26,6 @@ __all__ = [
     "WorldSettings",
     "WorldSpec",
     "WorldStartError",
+    "import_preloads",
     "launched_by_torchrun",
 ]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness._devices import CPU
 from harness._spec import WorldSpec
+from harness.devices import CPU
 
 if TYPE_CHECKING:
     import torch

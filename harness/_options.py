@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import _devices
+from harness import devices
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
@@ -54,7 +54,7 @@ class WorldOptions:
     def from_config(cls, config: pytest.Config) -> WorldOptions:
         raw_sizes = config.getoption("world_sizes")
         try:
-            backend, device_type = _devices.resolve(
+            backend, device_type = devices.resolve(
                 config.getoption("backend"), config.getoption("device")
             )
         except ValueError as error:
@@ -104,7 +104,7 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("world", "SPMD worlds of rank processes")
     group.addoption(
         "--backend",
-        default=_devices.AUTO,
+        default=devices.AUTO,
         metavar="NAME",
         help="process-group backend of the worlds: any the torch build has registered, built "
         "in or out of tree (a vendor's, loaded by HARNESS_PRELOAD); auto: the default backend "
@@ -112,7 +112,7 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--device",
-        default=_devices.AUTO,
+        default=devices.AUTO,
         metavar="TYPE",
         help="device type of the worlds' ranks, bound to TYPE:local_rank (cpu, cuda, xpu, a "
         "vendor's); auto: the build's accelerator, else cpu (default: auto)",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import _devices, outcomes
 from harness import _messages as msg
+from harness import devices, outcomes
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
@@ -37,7 +37,7 @@ def _join_world(init: msg.Init) -> None:
     """Initialise the default process group through the controller's store."""
     import torch.distributed as dist
 
-    _devices.bind(init.spec.device_type, init.rank)  # spawned worlds live on one node
+    devices.bind(init.spec.device_type, init.rank)  # spawned worlds live on one node
     store = dist.TCPStore(
         init.store_host,
         init.store_port,

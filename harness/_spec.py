@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness import _devices
+from harness import devices
 
 
 @dataclass(frozen=True, order=True)
@@ -13,17 +13,17 @@ class WorldSpec:
 
     Ranks are bound to ``<device_type>:<local_rank>`` (CPU worlds keep their tensors in host
     memory). Either name may be ``auto`` (the default for the device type), resolved against
-    the torch build on construction (``harness._devices``), which imports torch.
+    the torch build on construction (``harness.devices``), which imports torch.
     """
 
     backend: str
     size: int
-    device_type: str = _devices.AUTO
+    device_type: str = devices.AUTO
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.size!r}")
-        backend, device_type = _devices.resolve(self.backend, self.device_type)
+        backend, device_type = devices.resolve(self.backend, self.device_type)
         object.__setattr__(self, "backend", backend)
         object.__setattr__(self, "device_type", device_type)
 
@@ -38,9 +38,9 @@ class WorldSpec:
 
         if not dist.is_available():
             return "torch.distributed is not available in this torch build"
-        if not _devices.is_available(self.backend):
+        if not devices.is_available(self.backend):
             return f"this torch build has no {self.backend} backend"
-        count = _devices.device_count(self.device_type)
+        count = devices.device_count(self.device_type)
         if count is not None and count < self.size:
             return (
                 f"{self.label} needs {self.size} {self.device_type} devices (one per rank); "

@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import _devices, _env, outcomes
+from harness import _env, devices, outcomes
 from harness import _messages as msg
 from harness._context import WorldContext
 from harness._outcome import WorldOutcome
@@ -51,7 +51,7 @@ class TorchrunWorld:
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.spec = WorldSpec(backend, int(os.environ["WORLD_SIZE"]), device_type)
-        _devices.bind(self.spec.device_type, self.local_rank)
+        devices.bind(self.spec.device_type, self.local_rank)
         if not dist.is_initialized():
             dist.init_process_group(self.spec.backend)
         client = dist.TCPStore(
@@ -86,7 +86,7 @@ class TorchrunWorld:
     def barrier(self) -> None:
         import torch.distributed as dist
 
-        if self.spec.device_type != _devices.CPU:
+        if self.spec.device_type != devices.CPU:
             dist.barrier(device_ids=[self.local_rank])
         else:
             dist.barrier()

@@ -21,6 +21,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 )
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from reference_impl._devices import default_device, device_count
 from reference_impl._gather import local_piece
 
 
@@ -77,7 +78,7 @@ def sharded_tensor_of_row_chunks(
         placement = f"rank:{group.rank()}/{local.device}"
         metadata = ShardMetadata([start, *tail], list(local.shape), placement)
         shards.append(LocalShard(local, metadata))
-    device_type = "cpu" if dist.get_backend(group) == "gloo" else like.device.type
+    device_type = default_device(group).type
     everyones = [
         ShardMetadata(
             [start, *tail],
@@ -101,4 +102,4 @@ def sharded_tensor_of_row_chunks(
 def _placement(global_rank: int, device_type: str) -> str:
     if device_type == "cpu":
         return f"rank:{global_rank}/cpu"
-    return f"rank:{global_rank}/{device_type}:{global_rank % torch.cuda.device_count()}"
+    return f"rank:{global_rank}/{device_type}:{global_rank % device_count(device_type)}"

@@ -21,22 +21,10 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from reference_impl._devices import group_device
 from reference_impl._layout import Layout, layout_of
 
 Coordinate = tuple[int, ...]
-
-
-def group_device(group: dist.ProcessGroup | None, preferred: torch.device) -> torch.device:
-    """``preferred`` if the group's backend can move tensors there, else a device it can."""
-    config = dist.get_backend_config(group)
-    supported = {part.split(":")[0] for part in config.split(",")} if ":" in config else set()
-    if not supported:  # a single backend name, e.g. "nccl"
-        supported = {"cuda"} if "nccl" in config else {"cpu"}
-    if preferred.type in supported:
-        return preferred
-    if "cuda" in supported and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:

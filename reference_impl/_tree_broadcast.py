@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reference_impl._gather import group_device
+from reference_impl._devices import group_device
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 
+from reference_impl._devices import default_device
 from reference_impl._fqn import ModelNames
 from reference_impl._optim_flat import (
     PARAM_GROUPS,
@@ -254,7 +255,7 @@ def _localised(
     devices.discard(torch.device("meta"))
     if len(devices) > 1:
         raise ValueError(f"the model's state lies on several devices: {sorted(map(str, devices))}")
-    device = devices.pop() if devices else _default_device()
+    device = devices.pop() if devices else default_device()
     if options.broadcast_from_rank0:
         broadcast_state_dict(
             full, local, device=device, strict=options.strict, cpu_offload=options.cpu_offload
@@ -263,17 +264,6 @@ def _localised(
         distribute_state_dict(full, local, device=device)
     loaded = {**full, **{k: v for k, v in local.items() if v is not None}}
     return loaded, on_meta
-
-
-def _default_device() -> torch.device:
-    if not dist.is_initialized():
-        return torch.device("cpu")
-    backend = dist.get_backend()
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if backend == "nccl"
-        else torch.device("cpu")
-    )
 
 
 # ----- optimizer -----------------------------------------------------------------------

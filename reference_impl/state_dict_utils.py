@@ -23,10 +23,10 @@ import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
+from reference_impl._devices import group_device, pinning_accelerator
 from reference_impl._gather import (
     full_tensor_of_dtensor,
     full_tensor_of_sharded_tensor,
-    group_device,
     local_piece,
 )
 
@@ -301,7 +301,17 @@ def copy_state_dict(
 
 
 def _pin_registered(tensor: torch.Tensor) -> torch.Tensor:
-    """Page-lock ``tensor``'s existing (shared) memory; unregister it when the tensor dies."""
+    """Page-lock ``tensor``'s existing (shared) memory; unregister it when the tensor dies.
+
+    Memory that already exists can be page-locked only through CUDA's host registration,
+    which is what torch does; on any other accelerator this is refused by name.
+    """
+    accelerator = pinning_accelerator()
+    if accelerator != "cuda":
+        raise RuntimeError(
+            "pin_memory with share_memory registers the shared memory with CUDA "
+            f"(cudaHostRegister); this build's accelerator is {accelerator!r}"
+        )
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     pointer = tensor.data_ptr()
     status = cudart.cudaHostRegister(pointer, tensor.numel() * tensor.element_size(), 0)
@@ -322,7 +332,10 @@ def _cpu_like(value: torch.Tensor, pin_memory: bool, share_memory: bool) -> torc
     if share_memory:
         fresh.share_memory_()  # type: ignore[no-untyped-call]
         return _pin_registered(fresh) if pin_memory else fresh
-    return fresh.pin_memory() if pin_memory else fresh
+    if pin_memory:
+        pinning_accelerator()
+        return fresh.pin_memory()
+    return fresh
 
 
 def create_cpu_state_dict(
@@ -334,8 +347,9 @@ def create_cpu_state_dict(
     zero-dim tensors become ``tensor(0)`` of their dtype. DTensors and
     ShardedTensors keep their metadata with fresh local memory; zero-dim
     DTensors and ShardedTensors without local shards are returned as they
-    are. ``pin_memory`` page-locks the memory (CUDA), ``share_memory`` puts
-    it in shared memory; both at once register shared memory with CUDA,
+    are. ``pin_memory`` page-locks the memory for the build's accelerator,
+    ``share_memory`` puts it in shared memory; both at once register shared
+    memory with CUDA (the only way torch has to page-lock memory that exists),
     which is much slower: use it only for long-lived buffers. Other values
     are deep-copied.
     """

@@ -8,24 +8,24 @@ import os
 
 import pytest
 
-from harness import _devices
+from harness import devices
 from harness._preload import PRELOAD
 from tests._inner import INNER_DIR, run_inner, start_session
 
 no_accelerator = pytest.mark.skipif(
-    _devices.accelerator() is not None, reason="this machine has an accelerator"
+    devices.accelerator() is not None, reason="this machine has an accelerator"
 )
 
 
 @no_accelerator
 def test_auto_is_cpu_and_gloo_without_an_accelerator() -> None:
-    assert _devices.resolve("auto", "auto") == ("gloo", "cpu")
-    assert _devices.resolve("gloo", "auto") == ("gloo", "cpu")
+    assert devices.resolve("auto", "auto") == ("gloo", "cpu")
+    assert devices.resolve("gloo", "auto") == ("gloo", "cpu")
 
 
 def test_a_backend_brings_the_device_type_it_declared() -> None:
-    assert _devices.resolve("nccl", "auto") == ("nccl", "cuda")
-    assert _devices.resolve("auto", "cuda") == ("nccl", "cuda")
+    assert devices.resolve("nccl", "auto") == ("nccl", "cuda")
+    assert devices.resolve("auto", "cuda") == ("nccl", "cuda")
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_a_backend_brings_the_device_type_it_declared() -> None:
 )
 def test_names_the_build_lacks_are_refused(backend: str, device_type: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        _devices.resolve(backend, device_type)
+        devices.resolve(backend, device_type)
 
 
 def test_an_unknown_backend_is_a_usage_error_before_any_test(tmp_path) -> None:

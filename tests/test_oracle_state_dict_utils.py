@@ -116,10 +116,11 @@ def test_shared_memory_cpu_state_dict():
     assert out["e"].is_shared()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build's refusal")
-def test_pinned_memory_needs_cuda():
-    with pytest.raises(RuntimeError):
-        ri.create_cpu_state_dict({"a": torch.ones(8)}, pin_memory=True)
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="checks a CPU-only build's refusal")
+@pytest.mark.parametrize("shared", [False, True])
+def test_pinned_memory_needs_an_accelerator(shared):
+    with pytest.raises(RuntimeError, match=r"pin_memory needs an accelerator.*this build has none"):
+        ri.create_cpu_state_dict({"a": torch.ones(8)}, pin_memory=True, share_memory=shared)
 
 
 def test_similarity_is_pure_and_checks_structure_size_and_dtype():

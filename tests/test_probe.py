@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -12,9 +14,10 @@ import torch
 from ci.gate import probe
 from ci.gate.target import SUITE_ROOT
 from conformance import _upstream
+from tests._inner import INNER_DIR
 
 
-def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
+def _probe(**env: str) -> dict[str, Any]:
     completed = subprocess.run(
         [sys.executable, "-m", "ci.gate.probe", "--json"],
         cwd=SUITE_ROOT,
@@ -22,8 +25,14 @@ def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
         text=True,
         timeout=120,
         check=True,
+        env={**os.environ, **env},
     )
-    caps = json.loads(completed.stdout)
+    caps: dict[str, Any] = json.loads(completed.stdout)
+    return caps
+
+
+def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
+    caps = _probe()
     assert caps["torch"] == torch.__version__
     assert caps["backends"]["gloo"] is True
     assert caps["runnable_world_sizes"]["gloo"] == [1, 2, 4, 8]
@@ -32,6 +41,20 @@ def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
     assert list(by_name) == [f"{m}.{n}" for m, n in _upstream.EXERCISED_APIS]
     gather = "torch.distributed._state_dict_utils._gather_state_dict"
     assert by_name[gather].startswith("(state_dict, *, pg=None")
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="checks a CPU-only machine's probe")
+def test_a_cpu_machine_has_no_accelerator_and_no_devices() -> None:
+    caps = _probe()
+    assert (caps["accelerator"], caps["devices"]) == (None, [])
+    assert "accelerator: none; devices: none;" in probe.render(caps)
+
+
+def test_a_backend_registered_by_a_preload_is_probed() -> None:
+    caps = _probe(HARNESS_PRELOAD="gloo_relay_backend", PYTHONPATH=str(INNER_DIR))
+    assert caps["backends"]["gloo_relay"] is True
+    assert caps["runnable_world_sizes"]["gloo_relay"] == [1, 2, 4, 8]
+    assert "gloo_relay" not in _probe()["backends"]
 
 
 def test_a_missing_api_is_named_missing(monkeypatch: pytest.MonkeyPatch) -> None:

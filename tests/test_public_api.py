@@ -25,6 +25,7 @@ def test_harness_public_names() -> None:
         "WorldSettings",
         "WorldSpec",
         "WorldStartError",
+        "import_preloads",
         "launched_by_torchrun",
     ]
     assert_documented(harness)
@@ -135,8 +136,9 @@ def test_conformance_public_names() -> None:
 
 
 def test_ci_uses_only_the_public_surface_of_the_suite() -> None:
-    """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.plugin`` and
-    ``harness.outcomes`` are public modules), never their private modules."""
+    """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.plugin``,
+    ``harness.outcomes`` and ``harness.devices`` are public modules), never their private
+    modules."""
     ci_root = Path(__file__).resolve().parents[1] / "ci"
     for source in ci_root.rglob("*.py"):
         private = sorted(

@@ -46,7 +46,8 @@ def _sharded(state: dict[str, Any], world: Any) -> dict[str, Any]:
 
 
 def _utility(case: BenchCase, function: Callable[..., Any], world: Any) -> Callable[[], object]:
-    """Inputs on the world's device (a GPU under NCCL); copies go into a CPU companion."""
+    """Inputs on the world's device (an accelerator, or the CPU); copies go into a CPU
+    companion."""
     import torch
 
     device = world.device

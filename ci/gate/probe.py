@@ -2,9 +2,10 @@
 
     python -m ci.gate.probe [--json]
 
-prints the torch under test, its backends and devices, which world sizes each backend can
-run here, and each state-dict API the gate exercises with its signature, or MISSING (the
-gate records its tests as skips naming it).
+prints the torch under test, its accelerator and devices, every backend it has registered
+(with the modules ``HARNESS_PRELOAD`` names imported first), which world sizes each can run
+here, and each state-dict API the gate exercises with its signature, or MISSING (the gate
+records its tests as skips naming it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 from conformance import EXERCISED_APIS, lookup
+from harness import devices, import_preloads
 
 GATE_WORLD_SIZES = (1, 2, 4, 8)
 
@@ -45,38 +47,45 @@ def apis() -> list[dict[str, str | None]]:
 
 
 def capabilities() -> dict[str, Any]:
-    """The torch build, its backends and devices, and the worlds each backend can run."""
+    """The torch build, its accelerator and backends, and the worlds each backend can run."""
     import torch
-    import torch.distributed as dist
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backends = {
-        "gloo": dist.is_gloo_available(),
-        "nccl": dist.is_nccl_available(),
-        "mpi": dist.is_mpi_available(),
-        "ucc": dist.is_ucc_available(),
-    }
+    accelerator = devices.accelerator()
+    backends = {name: devices.is_available(name) for name in devices.registered_backends()}
     return {
         "torch": torch.__version__,
         "torch_git_hash": torch.version.git_version,
         "torch_path": os.path.dirname(torch.__file__),
         "cuda": torch.version.cuda,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
+        "accelerator": accelerator,
+        "devices": devices.device_names(accelerator) if accelerator else [],
         "cpu_cores": os.cpu_count(),
         "backends": backends,
         "runnable_world_sizes": {
-            "gloo": list(GATE_WORLD_SIZES) if backends["gloo"] else [],
-            "nccl": [s for s in GATE_WORLD_SIZES if backends["nccl"] and s <= gpus],
+            name: _runnable_world_sizes(name) if available else []
+            for name, available in backends.items()
         },
         "apis": apis(),
     }
 
 
+def _runnable_world_sizes(backend: str) -> list[int]:
+    """The gate's world sizes that ``backend`` can run here, on the device type ``auto`` gives
+    it: all of them on the CPU, as many as there are devices elsewhere."""
+    try:
+        _, device_type = devices.resolve(backend, devices.AUTO)
+    except ValueError:
+        return []
+    count = devices.device_count(device_type)
+    return [size for size in GATE_WORLD_SIZES if count is None or size <= count]
+
+
 def render(caps: dict[str, Any]) -> str:
+    devices = ", ".join(caps["devices"]) or "none"
     lines = [
         f"torch under test: {caps['torch']} (git {caps['torch_git_hash']}) at {caps['torch_path']}",
-        f"CUDA: {caps['cuda'] or 'none'}; GPUs: {', '.join(caps['gpus']) or 'none'}; "
-        f"CPU cores: {caps['cpu_cores']}",
+        f"accelerator: {caps['accelerator'] or 'none'}; devices: {devices}; "
+        f"CUDA: {caps['cuda'] or 'none'}; CPU cores: {caps['cpu_cores']}",
         "backends: "
         + ", ".join(f"{n} {'yes' if ok else 'no'}" for n, ok in caps["backends"].items()),
     ]
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
+    import_preloads()  # a vendor's backend and device are registered by its module
     caps = capabilities()
     print(json.dumps(caps, indent=1) if args.json else render(caps))
     return 0

@@ -171,7 +171,9 @@ class GateRecorder:
         sizes = tuple(sorted({s for s in self.sizes.values() if s is not None}))
         parallelisms = _known_parallelisms()
         return GateResults(
-            target=detect(self._backend, sizes, self.suite_commit),
+            target=detect(
+                self._world_kind.backend, self._world_kind.device_type, sizes, self.suite_commit
+            ),
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
             manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],
@@ -206,11 +208,11 @@ class GateRecorder:
         )
 
     @functools.cached_property
-    def _backend(self) -> str:
-        """The worlds' backend, ``auto`` resolved as the harness resolves it (once a run:
-        progress lines ask for it too)."""
+    def _world_kind(self) -> WorldSpec:
+        """The worlds' backend and device type, ``auto`` resolved as the harness resolves them
+        (once a run: progress lines ask for them too)."""
         backend, device = self.config.getoption("backend"), self.config.getoption("device")
-        return WorldSpec(str(backend), 1, str(device)).backend
+        return WorldSpec(str(backend), 1, str(device))
 
     def _release(self) -> ReleaseResolution | None:
         from conformance import RESOLUTION
@@ -255,7 +257,7 @@ class GateRecorder:
         failed = sum(
             1 for record in self.records.values() if record.outcome and is_failure(record.outcome)
         )
-        world = f"{self._backend} w{size}" if size else "controller"
+        world = f"{self._world_kind.backend} w{size}" if size else "controller"
         reporter.write("\n")  # pytest's progress dots may be mid-line
         reporter.write_line(
             f"[gate] {done}/{len(self.sizes)} tests done, {failed} failed, "

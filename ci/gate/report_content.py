@@ -87,7 +87,7 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
         target_rows=[
             ("torch", f"{target.torch_version} (git {target.torch_git_hash})"),
             ("CUDA / NCCL", f"{target.cuda_version or 'none'} / {target.nccl_version or 'none'}"),
-            ("backend", target.backend),
+            ("backend", f"{target.backend} on {target.device_type}"),
             (
                 "device",
                 target.device

@@ -28,6 +28,7 @@ class ExecutionTarget:
     python_version: str
     host: str
     date: str
+    device_type: str = "cpu"  # reports from before device types were recorded ran on CPUs
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,25 +38,31 @@ class ExecutionTarget:
         return cls(**{**data, "world_sizes": tuple(data["world_sizes"])})
 
 
-def detect(backend: str, world_sizes: tuple[int, ...], suite_commit: str) -> ExecutionTarget:
-    """The target of a run of ``backend`` worlds of ``world_sizes`` in this process, testing
-    the suite at ``suite_commit`` (taken when the run starts: see ``suite_commit()``)."""
+def detect(
+    backend: str, device_type: str, world_sizes: tuple[int, ...], suite_commit: str
+) -> ExecutionTarget:
+    """The target of a run of ``backend`` worlds on ``device_type`` of ``world_sizes`` in this
+    process, testing the suite at ``suite_commit`` (taken when the run starts: see
+    ``suite_commit()``)."""
     import torch
 
-    cuda = torch.cuda.is_available()
+    from harness import devices
+
+    names = devices.device_names(device_type)
     return ExecutionTarget(
         torch_version=torch.__version__,
         torch_git_hash=torch.version.git_version,
         cuda_version=torch.version.cuda,
-        nccl_version=_nccl_version() if cuda else None,
+        nccl_version=_nccl_version() if torch.cuda.is_available() else None,
         backend=backend,
-        device=torch.cuda.get_device_name(0) if cuda else f"CPU: {_cpu_model()}",
-        device_count=torch.cuda.device_count() if cuda else 0,
+        device=names[0] if names else f"CPU: {_cpu_model()}",
+        device_count=len(names),
         world_sizes=world_sizes,
         suite_commit=suite_commit,
         python_version=platform.python_version(),
         host=platform.node(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device_type=device_type,
     )
 
 

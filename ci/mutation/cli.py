@@ -30,7 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tests", default="", help="comma-separated tests replacing each mutant's own"
     )
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument(
+        "--backend", default="gloo", metavar="NAME", help="any the build has (default: gloo)"
+    )
+    parser.add_argument(
+        "--device", default="auto", metavar="TYPE", help="device type of the ranks (default: auto)"
+    )
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--world-timeout", type=int, default=60, help="seconds per test")
     parser.add_argument("--run-timeout", type=int, default=1200, help="seconds per mutant")
@@ -86,7 +91,9 @@ def verify_killers(outcomes: list[report.MutantOutcome], settings: RunSettings, 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    settings = RunSettings(args.backend, args.world_sizes, args.world_timeout, args.run_timeout)
+    settings = RunSettings(
+        args.backend, args.world_sizes, args.world_timeout, args.run_timeout, args.device
+    )
     outcomes = []
     for mutant in chosen(args.mutants):
         if mutant.equivalent:
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mutant.name}: {outcome.status} {outcome.killed_by or ''}", flush=True)
         outcomes.append(outcome)
     verify_killers(outcomes, settings, args.out)
-    where = f"backend {args.backend}, world sizes {args.world_sizes}"
+    where = f"backend {args.backend} on device {args.device}, world sizes {args.world_sizes}"
     markdown = report.write(outcomes, f"Run with `python -m ci.mutation`: {where}.", args.out)
     killed, counted = report.kill_rate(outcomes)
     print(f"{killed}/{counted} non-equivalent mutants killed; report: {markdown}")

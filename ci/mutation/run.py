@@ -28,6 +28,7 @@ class RunSettings:
     world_sizes: str = "2,4"
     world_timeout_s: int = 60
     run_timeout_s: int = 1200
+    device: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,12 @@ def run_tests(
     command = [
         sys.executable, "-m", "pytest", *dict.fromkeys(tests), "-q",
         *(["-x"] if stop_at_first else []), "-p", "no:warnings", "-p", "no:cacheprovider",
-        f"--backend={settings.backend}", f"--world-sizes={settings.world_sizes}",
+        f"--backend={settings.backend}", f"--device={settings.device}",
+        f"--world-sizes={settings.world_sizes}",
         f"--world-timeout={settings.world_timeout_s}", f"--junitxml={junit}",
     ]  # fmt: skip
-    env = {**os.environ, PRELOAD: ACTIVATE, MUTANT_ENV: mutant or ""}
+    preloads = [name for name in os.environ.get(PRELOAD, "").split(",") if name]  # a vendor's
+    env = {**os.environ, PRELOAD: ",".join([*preloads, ACTIVATE]), MUTANT_ENV: mutant or ""}
     start = time.monotonic()
     with log.open("w") as output:
         try:

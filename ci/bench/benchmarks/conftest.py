@@ -97,7 +97,11 @@ def bench_world(request: pytest.FixtureRequest) -> Iterator[Any]:
     settings = WorldSettings(
         sys_path=list(sys.path), rootdir=str(config.rootpath), inifile=None, pg_timeout_s=600
     )
-    spec = WorldSpec(config.getoption("backend"), config.getoption("bench_world_size"))
+    spec = WorldSpec(
+        config.getoption("backend"),
+        config.getoption("bench_world_size"),
+        config.getoption("device"),
+    )
     reason = spec.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)

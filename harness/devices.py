@@ -141,6 +141,16 @@ def device_count(device_type: str) -> int | None:
     return int(count()) if callable(count) else 0
 
 
+def device_names(device_type: str) -> list[str]:
+    """The names of this machine's ``device_type`` devices, as its device module tells them
+    (``TYPE:INDEX`` where the module has no names); empty for the CPU."""
+    import torch
+
+    name = getattr(torch.get_device_module(device_type), "get_device_name", None)
+    count = device_count(device_type) or 0
+    return [str(name(i)) if callable(name) else f"{device_type}:{i}" for i in range(count)]
+
+
 def bind(device_type: str, local_rank: int) -> None:
     """Make ``device_type:local_rank`` this process's current device (nothing for the CPU)."""
     import torch
@@ -152,3 +162,17 @@ def bind(device_type: str, local_rank: int) -> None:
         api.set_device_index(local_rank)
     else:
         torch.get_device_module(device_type).set_device(local_rank)
+
+
+def synchronize(device_type: str) -> None:
+    """Wait for the work queued on this process's current ``device_type`` device (nothing for
+    the CPU, whose work is done when its call returns)."""
+    import torch
+
+    if device_type == CPU:
+        return
+    api = getattr(torch, "accelerator", None)
+    if api is not None and accelerator() == device_type:
+        api.synchronize()
+    else:
+        torch.get_device_module(device_type).synchronize()
