@@ -90,6 +90,16 @@ class WorldOutcome:
         return self.spec.device_type == "cpu" and len(counts) == 1 and None not in counts
 
     @property
+    def ranks_lost(self) -> list[int]:
+        """The ranks that crashed, hung or sent no result: their process is gone or stuck."""
+        lost = (outcomes.CRASHED, outcomes.HUNG)
+        return [
+            rank
+            for rank in range(self.spec.size)
+            if rank not in self.results or self.results[rank].status in lost
+        ]
+
+    @property
     def reason(self) -> str:
         """The agreed skip or xfail reason (one line per distinct reason)."""
         reasons = dict.fromkeys(self.results[r].longrepr for r in self.ranks)

@@ -88,7 +88,9 @@ def pytest_configure(config: pytest.Config) -> None:
     session = _Session(options)
     if launched_by_torchrun():
         session.torchrun = TorchrunWorld(options.backend, options.device_type)
-        if not session.torchrun.is_reporter:
+        if session.torchrun.is_reporter:
+            session.torchrun.report_when_stopped()
+        else:
             # Rank 0 alone prints and writes the junit XML.
             config.option.xmlpath = None
             config.pluginmanager.set_blocked("terminalreporter")
@@ -102,6 +104,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         session.pool = WorldPool(settings, max_alive=options.max_worlds)
     config.stash[_SESSION] = session
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(_SESSION, None)
+    if state and state.torchrun:
+        state.torchrun.reports_begun = True  # a SIGTERM from now on must not cut them
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -323,6 +332,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         )
         if not torchrun.is_reporter:
             torchrun.publish(result)
+            torchrun.finish()  # exiting sooner would let torchrun stop rank 0 mid-report
             return
         outcome = torchrun.agree(result, timeout_s=HANG_REPORT_GRACE_S)
         report = pytest.TestReport(
@@ -336,6 +346,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         item.ihook.pytest_runtest_logreport(report=report)
         item.session.shouldfail = "a world test hung under torchrun"
         item.config.hook.pytest_sessionfinish(session=item.session, exitstatus=1)
+        torchrun.finish()  # the other ranks may exit now
 
     with HangWatchdog(_deadline(item, state.options), on_hang):
         return (yield)
@@ -353,6 +364,12 @@ def pytest_runtest_makereport(
     # Wait past the deadline, so that a hung rank's watchdog can publish its stacks.
     wait_s = _deadline(item, state.options) + HANG_REPORT_GRACE_S
     outcome = state.torchrun.agree(local, timeout_s=wait_s)
+    lost = outcome.ranks_lost
+    if lost:
+        # The launched world cannot be replaced: stop here, on every rank, and report.
+        item.session.shouldstop = (
+            f"rank(s) {', '.join(map(str, lost))} crashed or hung under torchrun"
+        )
     verdict = outcome.verdict
     if verdict == outcomes.FAILED:
         report.outcome, report.longrepr = "failed", outcome.failure_report()

@@ -35,7 +35,7 @@ class InnerRun:
         return self.cases[name].message
 
 
-def _read_junit(path: Path) -> dict[str, Case]:
+def read_junit(path: Path) -> dict[str, Case]:
     cases = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         outcome, message = "passed", ""
@@ -87,7 +87,7 @@ def run_inner(
     )
     output = completed.stdout + completed.stderr
     assert junit.exists(), f"inner run wrote no junit XML:\n{output}"
-    return InnerRun(completed.returncode, output, _read_junit(junit), workdir)
+    return InnerRun(completed.returncode, output, read_junit(junit), workdir)
 
 
 def start_session(
