@@ -14,69 +14,15 @@ when a benchmark ran on one build only or none ran at all (nothing to judge).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci.bench import report as bench_report
+from ci.bench.runs import Build, env_pairs, read_timings, run_benchmarks
 from ci.bench.stats import REGRESSION, Comparison, compare
-from ci.gate.target import SUITE_ROOT
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# The builds' own operations; the oracle's speed says nothing about a build.
-STATE_DICT_OPS = "ci/bench/benchmarks/test_state_dict_ops.py"
-
-
-@dataclass(frozen=True)
-class Build:
-    """One side of the comparison: an interpreter and the environment variables it runs with."""
-
-    label: str
-    python: str
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def _env_pairs(pairs: list[str]) -> dict[str, str]:
-    found = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"expected KEY=VALUE, got {pair!r}")
-        found[key] = value
-    return found
-
-
-def run_benchmarks(build: Build, run: int, out: Path, pytest_args: list[str]) -> Path:
-    """One pytest-benchmark run of the state-dict operations' benchmarks under ``build``;
-    its JSON's path."""
-    name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
-    raw = out / "raw" / f"{name}.json"
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    command = [build.python, "-m", "pytest", STATE_DICT_OPS, "-q", "-p", "no:cacheprovider"]
-    command += [f"--benchmark-json={raw}", "--benchmark-save-data", *pytest_args]
-    completed = subprocess.run(
-        command,
-        cwd=SUITE_ROOT,
-        env={**os.environ, **build.env},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0 or not raw.exists():
-        output = (completed.stdout + completed.stderr)[-4000:]
-        raise SystemExit(f"{build.label} run {run} failed ({completed.returncode}):\n{output}")
-    return raw
-
-
-def _timings(path: Path) -> tuple[dict[str, list[float]], str]:
-    data = json.loads(path.read_text())
-    timings = {b["param"]: list(b["stats"]["data"]) for b in data["benchmarks"]}
-    versions = {b["extra_info"]["torch"] for b in data["benchmarks"]}
-    return timings, ", ".join(sorted(versions))
 
 
 def interleaved(
@@ -95,7 +41,9 @@ def interleaved(
         for build in order:
             what = "warm-up" if run < 0 else f"run {run + 1}/{runs}"
             print(f"bench_compare: {what}: {build.label}", flush=True)
-            timings, torch_of[build.label] = _timings(run_benchmarks(build, run, out, args))
+            name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
+            raw = run_benchmarks(build, name, out, args)
+            timings, torch_of[build.label] = read_timings(raw)
             if run < 0:
                 continue
             for name, values in timings.items():
@@ -135,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-compare"))
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
     args = parser.parse_args(argv)
-    baseline = Build("baseline", args.baseline_python, _env_pairs(args.baseline_env))
-    candidate = Build("candidate", args.candidate_python, _env_pairs(args.candidate_env))
+    baseline = Build("baseline", args.baseline_python, env_pairs(args.baseline_env))
+    candidate = Build("candidate", args.candidate_python, env_pairs(args.candidate_env))
     out: Path = args.out.resolve()
     runs_of, torch_of = interleaved(
         baseline, candidate, args.runs, args.warmup_runs, out, args.pytest_args

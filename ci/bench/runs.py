@@ -1,0 +1,71 @@
+"""One run of the state-dict benchmarks: a pytest process under one build, its timings back.
+
+A run is the unit of independent measurement: rounds inside one process share its luck
+(memory layout, where the scheduler put its ranks), so comparisons and noise measurements
+are made of many runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ci.gate.target import SUITE_ROOT
+
+# The builds' own operations; the oracle's speed says nothing about a build.
+STATE_DICT_OPS = "ci/bench/benchmarks/test_state_dict_ops.py"
+Timings = dict[str, list[float]]  # each benchmark's rounds, in seconds
+
+
+@dataclass(frozen=True)
+class Build:
+    """One side of a comparison: an interpreter, the environment variables it runs with, and
+    a command it runs under (e.g. ``setarch -R``)."""
+
+    label: str
+    python: str
+    env: dict[str, str] = field(default_factory=dict)
+    wrapper: tuple[str, ...] = ()
+
+
+def env_pairs(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` arguments as a mapping; SystemExit naming a malformed one."""
+    found = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, got {pair!r}")
+        found[key] = value
+    return found
+
+
+def run_benchmarks(build: Build, name: str, out: Path, pytest_args: list[str]) -> Path:
+    """One pytest-benchmark run of the state-dict operations under ``build``, its JSON
+    written to ``out/raw/<name>.json``; SystemExit with the run's output when it fails."""
+    raw = out / "raw" / f"{name}.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    command = [*build.wrapper, build.python, "-m", "pytest", STATE_DICT_OPS, "-q"]
+    command += ["-p", "no:cacheprovider", f"--benchmark-json={raw}", "--benchmark-save-data"]
+    completed = subprocess.run(
+        [*command, *pytest_args],
+        cwd=SUITE_ROOT,
+        env={**os.environ, **build.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0 or not raw.exists():
+        output = (completed.stdout + completed.stderr)[-4000:]
+        raise SystemExit(f"{build.label} run {name} failed ({completed.returncode}):\n{output}")
+    return raw
+
+
+def read_timings(path: Path) -> tuple[Timings, str]:
+    """Each benchmark's rounds from a run's JSON, and the torch version(s) it ran."""
+    data = json.loads(path.read_text())
+    timings = {b["param"]: list(b["stats"]["data"]) for b in data["benchmarks"]}
+    versions = {b["extra_info"]["torch"] for b in data["benchmarks"]}
+    return timings, ", ".join(sorted(versions))
