@@ -14,7 +14,17 @@ import pytest
 from ci.bench import compare as bench_compare
 from ci.bench.cases import BenchCase, cases
 from ci.bench.replay_clock import ReplayClock
-from ci.bench.stats import IMPROVEMENT, REGRESSION, UNCHANGED, Runs, compare, ratio_interval
+from ci.bench.stats import (
+    CONFIDENCE,
+    IMPROVEMENT,
+    POWER,
+    REGRESSION,
+    UNCHANGED,
+    Runs,
+    compare,
+    ratio_interval,
+    t_quantile,
+)
 from ci.gate.target import SUITE_ROOT
 
 
@@ -31,17 +41,17 @@ def _runs(median: float, seed: int, runs: int = 4, rounds: int = 10) -> Runs:
 
 
 def test_the_interval_brackets_the_true_ratio() -> None:
-    ratio, low, high = ratio_interval(_runs(1.0, 1), _runs(1.10, 2))
-    assert low < 1.10 < high
-    assert low < ratio < high
-    assert high - low < 0.08
+    interval = ratio_interval(_runs(1.0, 1), _runs(1.10, 2))
+    assert interval.low < 1.10 < interval.high
+    assert interval.low < interval.ratio < interval.high
+    assert interval.high - interval.low < 0.08
 
 
 def test_run_to_run_spread_widens_the_interval() -> None:
     steady = ratio_interval(_runs(1.0, 1), _runs(1.0, 2))
     one_slow_run = (*_runs(1.0, 2)[:3], tuple(1.3 * t for t in _runs(1.0, 2)[3]))
     shaky = ratio_interval(_runs(1.0, 1), one_slow_run)
-    assert shaky[2] - shaky[1] > 2 * (steady[2] - steady[1])
+    assert shaky.high - shaky.low > 2 * (steady.high - steady.low)
 
 
 @pytest.mark.parametrize(
@@ -55,18 +65,72 @@ def test_verdicts_follow_the_interval_and_the_threshold(
     assert result.verdict == verdict
 
 
+@pytest.mark.parametrize(
+    ("p", "df", "table"),
+    [
+        (0.975, 10, 2.228),
+        (0.995, 5, 4.032),
+        (0.999, 20, 3.552),
+        (0.999, 34, 3.348),
+        (0.8, 8, 0.889),
+    ],
+)
+def test_t_quantiles_match_the_tables(p: float, df: float, table: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(table, rel=0.01)
+
+
+def _log_normal_runs(rng: np.random.Generator, median: float, noise: float, runs: int) -> Runs:
+    return tuple((median * float(np.exp(noise * rng.standard_normal())),) for _ in range(runs))
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.06])
+def test_a_slowdown_of_the_minimum_detectable_effect_is_caught_as_often_as_promised(
+    noise: float,
+) -> None:
+    """The MDE promises the slowdown it is flagged POWER of the time: simulate it."""
+    rng = np.random.default_rng(7)
+    runs = 12
+    mdes = [
+        compare("op", *(_log_normal_runs(rng, 1.0, noise, runs) for _ in "ab"), 1.05).mde
+        for _ in range(200)
+    ]
+    effect = float(np.median(mdes))
+    caught = [
+        compare(
+            "op",
+            _log_normal_runs(rng, 1.0, noise, runs),
+            _log_normal_runs(rng, 1.0 + effect, noise, runs),
+            1.05,
+        ).verdict
+        == REGRESSION
+        for _ in range(400)
+    ]
+    assert effect > (0.05 if noise == 0.02 else 0.10)
+    assert abs(np.mean(caught) - POWER) < 0.1
+
+
+def test_a_build_compared_with_itself_is_rarely_flagged() -> None:
+    rng = np.random.default_rng(11)
+    flagged = [
+        compare("op", *(_log_normal_runs(rng, 1.0, 0.08, 18) for _ in "ab"), 1.05).verdict
+        != UNCHANGED
+        for _ in range(10000)
+    ]
+    assert np.mean(flagged) < 1.75 * (1 - CONFIDENCE)  # 20 flags expected, give or take 4.5
+
+
 def test_the_interval_is_reproducible() -> None:
     a, b = _runs(1.0, 3), _runs(1.2, 4)
     assert ratio_interval(a, b) == ratio_interval(a, b)
 
 
 def test_bad_comparisons_are_refused() -> None:
-    with pytest.raises(ValueError, match="at least one run"):
-        ratio_interval((), ((1.0,),))
-    with pytest.raises(ValueError, match="at least one run"):
-        ratio_interval(((),), ((1.0,),))
+    with pytest.raises(ValueError, match="at least two runs"):
+        ratio_interval(((1.0,),), ((1.0,), (1.0,)))
+    with pytest.raises(ValueError, match="at least two runs"):
+        ratio_interval(((), (1.0,)), ((1.0,), (1.0,)))
     with pytest.raises(ValueError, match="threshold"):
-        compare("op", ((1.0,),), ((1.0,),), threshold=0.9)
+        compare("op", ((1.0,), (1.0,)), ((1.0,), (1.0,)), threshold=0.9)
 
 
 def test_the_replay_clock_advances_by_each_measured_round() -> None:
@@ -102,12 +166,12 @@ def test_cases_are_validated_and_named() -> None:
 def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     """A 4x slowdown (the torch function sleeps three times its own duration) is flagged.
 
-    Two runs of a sub-millisecond copy are few: one disturbed baseline run widens the
-    bootstrap interval by 2x or more, so a 2x slowdown was once left unflagged."""
+    Three runs of a sub-millisecond copy are few: one disturbed baseline run widens the
+    interval by 2x or more, so a 2x slowdown was once left unflagged."""
     out = tmp_path / "compare"
     completed = subprocess.run(
         [
-            sys.executable, "-m", "ci.bench.compare", "--runs", "2", "--warmup-runs", "0",
+            sys.executable, "-m", "ci.bench.compare", "--runs", "3", "--warmup-runs", "0",
             "--out", str(out),
             "--candidate-env", "GATE_BENCH_SLOWDOWN=3.0", "--",
             "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB",

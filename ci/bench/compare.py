@@ -1,7 +1,7 @@
 """Compare two torch builds' state-dict benchmarks on one machine, runs interleaved.
 
     python -m ci.bench.compare --baseline-python A/bin/python --candidate-python B/bin/python \\
-        [--runs 6] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+        [--runs 18] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
 
 Each python is an environment with a torch build and this suite installed. After a
 warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
@@ -23,6 +23,9 @@ from ci.bench.stats import REGRESSION, Comparison, compare
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
+# About 13 minutes on a 2-core machine (a run of the default benchmarks takes about 20 s):
+# enough runs that a 10% slowdown of most benchmarks of 1 ms or more is caught.
+RUNS = 18
 
 
 def interleaved(
@@ -75,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidate-python", default=sys.executable)
     parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--runs", type=int, default=6, help="runs per build (default 6)")
+    parser.add_argument(
+        "--runs", type=int, default=RUNS, help=f"runs per build, at least 2 (default {RUNS})"
+    )
     parser.add_argument(
         "--warmup-runs", type=int, default=1, help="unrecorded runs per build first (default 1)"
     )
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-compare"))
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
     args = parser.parse_args(argv)
+    if args.runs < 2:
+        parser.error("--runs: at least 2 runs per build (a spread needs two)")
     baseline = Build("baseline", args.baseline_python, env_pairs(args.baseline_env))
     candidate = Build("candidate", args.candidate_python, env_pairs(args.candidate_env))
     out: Path = args.out.resolve()
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     for comparison in comparisons:
         print(
             f"{comparison.name:<40} x{comparison.ratio:.3f} "
-            f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict}"
+            f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict} "
+            f"(noise {comparison.noise:.1%}, MDE {comparison.mde:.1%})"
         )
     print(f"bench_compare: wrote {out / 'report.md'} and {out / 'report.html'}")
     regressions = [c for c in comparisons if c.verdict == REGRESSION]

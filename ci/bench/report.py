@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from ci.bench.stats import CONFIDENCE, REGRESSION, Comparison
+from ci.bench.stats import CONFIDENCE, POWER, REGRESSION, UNCHANGED, Comparison
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class Builds:
 
 
 def plot(comparison: Comparison, path: Path) -> None:
-    """Every round of both builds as points, their medians as bars, the ratio in the title."""
+    """Every round of both builds as points, each build's typical run as a bar, the ratio and
+    the minimum detectable effect in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,14 +32,15 @@ def plot(comparison: Comparison, path: Path) -> None:
         values = [value for run in runs for value in run]
         milliseconds = [value * 1000 for value in values]
         axes.scatter(milliseconds, [row] * len(values), alpha=0.5, s=14)
-        median = sorted(milliseconds)[len(milliseconds) // 2]
-        axes.plot([median, median], [row - 0.3, row + 0.3], color="black")
+    for row, typical in enumerate((comparison.baseline_median, comparison.candidate_median)):
+        axes.plot([typical * 1000] * 2, [row - 0.3, row + 0.3], color="black")
     axes.set_yticks([0, 1], ["baseline", "candidate"])
     axes.set_ylim(-0.6, 1.6)
     axes.set_xlabel("ms per round (slowest rank)")
     axes.set_title(
         f"{comparison.name}: ratio {comparison.ratio:.3f} "
-        f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict}",
+        f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict} "
+        f"(MDE {comparison.mde:.0%})",
         fontsize=9,
     )
     figure.tight_layout()
@@ -54,13 +56,25 @@ def _rows(comparisons: list[Comparison]) -> list[list[str]]:
             f"{c.candidate_median * 1000:.2f}",
             f"{c.ratio:.3f}",
             f"[{c.low:.3f}, {c.high:.3f}]",
-            c.verdict.upper() if c.verdict == REGRESSION else c.verdict,
+            f"{c.noise:.1%}",
+            f"{c.mde:.1%}",
+            _verdict(c),
         ]
         for c in comparisons
     ]
 
 
-HEADER = ["benchmark", "baseline ms", "candidate ms", "ratio", "interval", "verdict"]
+def _verdict(comparison: Comparison) -> str:
+    if comparison.verdict == REGRESSION:
+        return REGRESSION.upper()
+    if comparison.verdict == UNCHANGED:
+        return f"unchanged (no slowdown above {comparison.mde:.0%})"
+    return comparison.verdict
+
+
+HEADER = [
+    "benchmark", "baseline ms", "candidate ms", "ratio", "interval", "noise", "MDE", "verdict",
+]  # fmt: skip
 
 
 def _title(comparisons: list[Comparison], builds: Builds) -> str:
@@ -72,10 +86,11 @@ def _title(comparisons: list[Comparison], builds: Builds) -> str:
 def _method(builds: Builds) -> str:
     return (
         f"baseline: {builds.baseline}; candidate: {builds.candidate}. {builds.runs} interleaved "
-        f"runs per build after a warm-up; ratio = candidate median / baseline median over all "
-        f"rounds; interval = {CONFIDENCE:.0%} percentile bootstrap resampling runs, then rounds "
-        f"within them; a regression when the interval's lower bound exceeds "
-        f"{builds.threshold}."
+        f"runs per build after a warm-up; each run is summarised by the median of its rounds; "
+        f"ratio = geometric mean of the candidate's run medians / the baseline's; interval = "
+        f"{CONFIDENCE:.1%} Welch interval on their logs; noise = spread of the log run medians; "
+        f"MDE = the slowdown flagged with {POWER:.0%} probability at this noise; a regression "
+        f"when the ratio is at least {builds.threshold} and the interval lies above 1."
     )
 
 
@@ -91,10 +106,10 @@ def markdown(comparisons: list[Comparison], builds: Builds, plots: dict[str, str
 def html(comparisons: list[Comparison], builds: Builds, plots: dict[str, str]) -> str:
     head = "".join(f"<th>{escape(cell)}</th>" for cell in HEADER)
     body = "".join(
-        f'<tr class="{escape(row[-1].lower())}">'
+        f'<tr class="{escape(comparison.verdict)}">'
         + "".join(f"<td>{escape(cell)}</td>" for cell in row)
         + "</tr>"
-        for row in _rows(comparisons)
+        for comparison, row in zip(comparisons, _rows(comparisons), strict=True)
     )
     images = "".join(
         f'<figure><img src="{escape(path)}" alt="{escape(name)}"></figure>'
