@@ -41,7 +41,7 @@ def _runs(median: float, seed: int, runs: int = 4, rounds: int = 10) -> Runs:
 
 
 def test_the_interval_brackets_the_true_ratio() -> None:
-    interval = ratio_interval(_runs(1.0, 1), _runs(1.10, 2))
+    interval = ratio_interval(_runs(1.0, 1, runs=8), _runs(1.10, 2, runs=8))
     assert interval.low < 1.10 < interval.high
     assert interval.low < interval.ratio < interval.high
     assert interval.high - interval.low < 0.08

@@ -1,7 +1,7 @@
 """Compare two torch builds' state-dict benchmarks on one machine, runs interleaved.
 
     python -m ci.bench.compare --baseline-python A/bin/python --candidate-python B/bin/python \\
-        [--runs 18] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+        [--runs 10] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
 
 Each python is an environment with a torch build and this suite installed. After a
 warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
@@ -23,9 +23,9 @@ from ci.bench.stats import REGRESSION, Comparison, compare
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# About 13 minutes on a 2-core machine (a run of the default benchmarks takes about 20 s):
-# enough runs that a 10% slowdown of most benchmarks of 1 ms or more is caught.
-RUNS = 18
+# About 13 minutes on a 2-core machine (a run of the default benchmarks, 20 rounds each,
+# takes about 35 s): enough that a 10% slowdown of most benchmarks of 1 ms or more is caught.
+RUNS = 10
 
 
 def interleaved(

@@ -20,7 +20,7 @@ class Builds:
 
 
 def plot(comparison: Comparison, path: Path) -> None:
-    """Every round of both builds as points, each build's typical run as a bar, the ratio and
+    """Every round of both builds as points, each build's run time as a bar, the ratio and
     the minimum detectable effect in the title."""
     import matplotlib
 
@@ -32,7 +32,7 @@ def plot(comparison: Comparison, path: Path) -> None:
         values = [value for run in runs for value in run]
         milliseconds = [value * 1000 for value in values]
         axes.scatter(milliseconds, [row] * len(values), alpha=0.5, s=14)
-    for row, typical in enumerate((comparison.baseline_median, comparison.candidate_median)):
+    for row, typical in enumerate((comparison.baseline_time, comparison.candidate_time)):
         axes.plot([typical * 1000] * 2, [row - 0.3, row + 0.3], color="black")
     axes.set_yticks([0, 1], ["baseline", "candidate"])
     axes.set_ylim(-0.6, 1.6)
@@ -52,8 +52,8 @@ def _rows(comparisons: list[Comparison]) -> list[list[str]]:
     return [
         [
             c.name,
-            f"{c.baseline_median * 1000:.2f}",
-            f"{c.candidate_median * 1000:.2f}",
+            f"{c.baseline_time * 1000:.2f}",
+            f"{c.candidate_time * 1000:.2f}",
             f"{c.ratio:.3f}",
             f"[{c.low:.3f}, {c.high:.3f}]",
             f"{c.noise:.1%}",
@@ -86,9 +86,9 @@ def _title(comparisons: list[Comparison], builds: Builds) -> str:
 def _method(builds: Builds) -> str:
     return (
         f"baseline: {builds.baseline}; candidate: {builds.candidate}. {builds.runs} interleaved "
-        f"runs per build after a warm-up; each run is summarised by the median of its rounds; "
-        f"ratio = geometric mean of the candidate's run medians / the baseline's; interval = "
-        f"{CONFIDENCE:.1%} Welch interval on their logs; noise = spread of the log run medians; "
+        f"runs per build after a warm-up; a run's time is its fastest round; ratio = geometric "
+        f"mean of the candidate's run times / the baseline's; interval = {CONFIDENCE:.1%} Welch "
+        f"interval on their logs; noise = spread of the log run times; "
         f"MDE = the slowdown flagged with {POWER:.0%} probability at this noise; a regression "
         f"when the ratio is at least {builds.threshold} and the interval lies above 1."
     )

@@ -2,8 +2,13 @@
 the verdict, and the smallest slowdown the comparison would have caught.
 
 Runs are the independent samples: rounds of one run share that process's luck (memory
-layout, where the scheduler put its ranks), so each run is summarised by the median of its
-rounds, and the builds are compared on the logs of those run medians with Welch's interval.
+layout, where the scheduler put its ranks), so each run is summarised by its fastest round,
+and the builds are compared on the logs of those run times with Welch's interval.
+
+The fastest round, not the median: timing noise on a shared machine only ever adds time, and
+the fastest of 20 rounds varied least from run to run of every summary measured (median,
+mean, lower quartile; ``ci/bench/sample-report/README.md``). Its blind spot: a regression
+that slows only some calls (an occasional stall) moves it less than the median.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ Runs = tuple[tuple[float, ...], ...]  # each run's rounds, in seconds
 
 @dataclass(frozen=True)
 class Interval:
-    """The candidate / baseline ratio of typical run times, its interval, and its noise."""
+    """The candidate / baseline ratio of the builds' run times, its interval, and its noise."""
 
     ratio: float
     low: float
@@ -47,19 +52,21 @@ class Comparison:
     high: float
     verdict: str
     mde: float  # the slowdown (0.1 = 10%) flagged with probability POWER
-    noise: float  # spread of the log run medians, both sides pooled
+    noise: float  # spread of the log run times, both sides pooled
 
     @property
-    def baseline_median(self) -> float:
-        return float(np.exp(np.mean(_log_run_medians(self.baseline))))
+    def baseline_time(self) -> float:
+        """The baseline's run time: the geometric mean of its runs' fastest rounds."""
+        return float(np.exp(np.mean(_log_run_times(self.baseline))))
 
     @property
-    def candidate_median(self) -> float:
-        return float(np.exp(np.mean(_log_run_medians(self.candidate))))
+    def candidate_time(self) -> float:
+        return float(np.exp(np.mean(_log_run_times(self.candidate))))
 
 
-def _log_run_medians(runs: Runs) -> np.ndarray:
-    return np.log([np.median(run) for run in runs])
+def _log_run_times(runs: Runs) -> np.ndarray:
+    """Each run's time: its fastest round (see the module's docstring), as a log."""
+    return np.log([min(run) for run in runs])
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -76,11 +83,11 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def ratio_interval(baseline: Runs, candidate: Runs) -> Interval:
-    """The ratio of the geometric means of the run medians (candidate / baseline) and its
+    """The ratio of the geometric means of the run times (candidate / baseline) and its
     Welch interval at ``CONFIDENCE``."""
     if len(baseline) < 2 or len(candidate) < 2 or not all(baseline) or not all(candidate):
         raise ValueError("both sides need at least two runs of at least one timing")
-    logs_b, logs_c = _log_run_medians(baseline), _log_run_medians(candidate)
+    logs_b, logs_c = _log_run_times(baseline), _log_run_times(candidate)
     var_b, var_c = logs_b.var(ddof=1) / logs_b.size, logs_c.var(ddof=1) / logs_c.size
     total = var_b + var_c
     log_se = math.sqrt(total)
@@ -115,8 +122,8 @@ def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Com
     elif interval.high < 1 and interval.ratio <= 1 / threshold:
         verdict = IMPROVEMENT
     pooled = np.concatenate(
-        [_log_run_medians(baseline) - np.mean(_log_run_medians(baseline)),
-         _log_run_medians(candidate) - np.mean(_log_run_medians(candidate))]
+        [_log_run_times(baseline) - np.mean(_log_run_times(baseline)),
+         _log_run_times(candidate) - np.mean(_log_run_times(candidate))]
     )  # fmt: skip
     noise = float(np.sqrt(np.sum(pooled**2) / (pooled.size - 2)))
     return Comparison(

@@ -24,7 +24,9 @@ from ci.bench.oracle_cases import cases as oracle_cases
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("state-dict benchmarks")
     group.addoption("--bench-world-size", type=int, default=2, help="ranks (default 2)")
-    group.addoption("--bench-rounds", type=int, default=10, help="timed rounds per case")
+    group.addoption(
+        "--bench-rounds", type=int, default=20, help="timed rounds per case (default 20)"
+    )
     group.addoption(
         "--bench-parallelisms",
         default=",".join(DEFAULT_PARALLELISMS),
