@@ -123,7 +123,8 @@ class TorchrunWorld:
 
     def report_when_stopped(self) -> None:
         """On rank 0: when torchrun stops this rank (SIGTERM: another rank or agent failed),
-        end the session as an interrupt, so that the reports of the tests done are written."""
+        report the ranks still awaited as lost, or, inside a test body (which may be stuck on
+        them), end the session as an interrupt: either way the reports are written."""
         signal.signal(signal.SIGTERM, self._interrupt)
 
     def _interrupt(self, signum: int, frame: object) -> None:
