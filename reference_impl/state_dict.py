@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -270,10 +271,15 @@ def _localised(
 
 
 def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Models ``_init_optim_state``: create missing optimizer state by a zero-lr, zero-grad step.
+    """Models ``_init_optim_state`` as its contract reads: create missing optimizer state by a
+    zero-lr, zero-grad step, leaving training as it was.
 
     Only an optimizer with no state at all is stepped; it must have no
     gradients (a step would apply them): the oracle refuses that loudly.
+    Upstream's step also counts itself: Adam's ``step`` becomes 1, and the
+    first real update then uses the second step's bias correction
+    (pytorch#164929). The oracle sets each created step counter back to zero,
+    the state a fresh optimizer creates at its first step.
     """
     if optimizer.state:
         return
@@ -295,6 +301,14 @@ def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         for group, lr in learning_rates:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        if "step" in state:
+            state["step"] = _zero_like(state["step"])
+
+
+def _zero_like(counter: Any) -> Any:
+    """A step counter's zero, of the counter's own type (a tensor keeps dtype and device)."""
+    return torch.zeros_like(counter) if isinstance(counter, torch.Tensor) else type(counter)(0)
 
 
 def _fqn_keyed(optimizer: torch.optim.Optimizer, names: ModelNames) -> StateDict:

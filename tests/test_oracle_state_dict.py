@@ -116,6 +116,34 @@ def test_missing_optimizer_state_is_created_by_a_zero_lr_step() -> None:
         assert torch.equal(value, before[key]), key
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.Adam(params, lr=0.1),
+        lambda params: torch.optim.AdamW(params, lr=0.1, weight_decay=0.1),
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        lambda params: torch.optim.Adagrad(params, lr=0.1, initial_accumulator_value=0.5),
+    ],
+    ids=["adam", "adamw", "sgd_momentum", "adagrad"],
+)
+def test_creating_optimizer_state_leaves_training_as_it_was(make) -> None:
+    """pytorch#164929: the zero-lr step must not count as a step of training."""
+    trajectories = []
+    for read_first in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        optimizer = make(model.parameters())
+        if read_first:
+            ri.get_optimizer_state_dict(model, optimizer)
+        for step in range(3):
+            optimizer.zero_grad()
+            model(torch.full((2, 3), float(step + 1))).pow(2).sum().backward()
+            optimizer.step()
+        trajectories.append([p.detach().clone() for p in model.parameters()])
+    for read, plain in zip(*reversed(trajectories), strict=True):
+        assert torch.equal(read, plain)
+
+
 def test_creating_optimizer_state_while_gradients_are_set_is_refused() -> None:
     model = Net()
     optimizer = torch.optim.Adam(model.parameters())
