@@ -100,6 +100,17 @@ def first_size_only(param: str = "name", every_size_if: dict[str, Any] | None = 
     return applies
 
 
+def first_size_and_four(param: str = "name") -> Applies:
+    """``applies`` for the world marker: the cell's ``first_size``, and 4 ranks where it
+    runs there."""
+
+    def applies(size: int, **params: Any) -> bool:
+        cell = PARALLELISMS[params[param]]
+        return cell.supports(size) and size in (cell.first_size, 4)
+
+    return applies
+
+
 TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
 
 

@@ -1,0 +1,147 @@
+"""Training trajectories: what a rank holds after each step, and where two runs part.
+
+A snapshot is everything training depends on, in this rank's own memory: each parameter's
+local values and gradient, each buffer, the optimizer's state and hyper-parameters, the
+scheduler's state. Two runs that should be the same are compared snapshot by snapshot, bit
+for bit, and the first difference is named by step, key and values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from conformance._upstream import dtensor
+
+Snapshot = dict[str, Any]
+Scheduler = torch.optim.lr_scheduler.LRScheduler
+VALUES_SHOWN = 6
+
+
+def _local(value: Any) -> Any:
+    if isinstance(value, dtensor.DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return value
+
+
+def _optimizer_items(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> Iterator[tuple[str, Any]]:
+    names = {param: name for name, param in model.named_parameters()}
+    for param, values in optimizer.state.items():
+        for key, value in values.items():
+            yield f"optimizer.state.{names.get(param, '<unnamed>')}.{key}", value
+    for index, group in enumerate(optimizer.param_groups):
+        yield f"optimizer.param_groups.{index}.params", [names.get(p) for p in group["params"]]
+        for key, value in group.items():
+            if key != "params":
+                yield f"optimizer.param_groups.{index}.{key}", value
+
+
+def snapshot(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
+) -> Snapshot:
+    """This rank's training state, copied."""
+    taken: Snapshot = {}
+    for name, param in model.named_parameters():
+        taken[f"model.{name}"] = _local(param)
+        taken[f"grad.{name}"] = _local(param.grad)
+    for name, buffer in model.named_buffers():
+        taken[f"buffer.{name}"] = _local(buffer)
+    for key, value in _optimizer_items(model, optimizer):
+        taken[key] = _local(value)
+    if scheduler is not None:
+        for key, value in scheduler.state_dict().items():
+            taken[f"scheduler.{key}"] = _local(value)
+    return taken
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        flat = value.reshape(-1)[:VALUES_SHOWN].tolist()
+        more = ", ..." if value.numel() > VALUES_SHOWN else ""
+        return f"{value.dtype} {list(value.shape)} {flat}{more}"
+    return repr(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(torch.equal(a, b))
+        )
+    return bool(a == b)
+
+
+def differences(
+    actual: Snapshot, expected: Snapshot, labels: tuple[str, str], limit: int = 3
+) -> list[str]:
+    """The first ``limit`` keys where two snapshots differ, each with both values; empty when
+    they are bit-identical. ``labels`` name the two sides in the messages."""
+    found = []
+    for key in sorted(set(actual) | set(expected)):
+        if key not in expected:
+            found.append(f"{key}: absent {labels[1]}, {_shown(actual[key])} {labels[0]}")
+        elif key not in actual:
+            found.append(f"{key}: {_shown(expected[key])} {labels[1]}, absent {labels[0]}")
+        elif not _same(actual[key], expected[key]):
+            found.append(
+                f"{key}: {_shown(actual[key])} {labels[0]}, {_shown(expected[key])} {labels[1]}"
+            )
+        if len(found) == limit:
+            break
+    return found
+
+
+def first_parting(
+    actual: list[Snapshot], expected: list[Snapshot], labels: tuple[str, str]
+) -> str | None:
+    """Where two trajectories first part: the step, the key and both values."""
+    for step, (a, b) in enumerate(zip(actual, expected, strict=True)):
+        found = differences(a, b, labels, limit=1)
+        if found:
+            return f"after step {step + 1}: {found[0]}"
+    return None
+
+
+Hook = Callable[[str], None]  # called with a moment's name at each moment of a run
+BEFORE_FIRST_STEP, BETWEEN_STEPS, AFTER_ZERO_GRAD = (
+    "before the first step",
+    "between steps",
+    "after a zero_grad",
+)
+
+
+def train_observed(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Scheduler | None,
+    steps: int,
+    at_moment: Hook,
+    inputs: Callable[[int], torch.Tensor],
+) -> list[Snapshot]:
+    """``steps`` training steps, calling ``at_moment`` before the first, after the first
+    (between steps) and after the last step's ``zero_grad``; a snapshot after each step."""
+    device = next(model.parameters()).device
+    taken = []
+    at_moment(BEFORE_FIRST_STEP)
+    for step in range(steps):
+        optimizer.zero_grad()
+        if step == steps - 1:
+            at_moment(AFTER_ZERO_GRAD)
+        model(inputs(step).to(device)).pow(2).mean().backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        taken.append(snapshot(model, optimizer, scheduler))
+        if step == 0:
+            at_moment(BETWEEN_STEPS)
+    return taken
