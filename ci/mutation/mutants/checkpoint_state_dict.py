@@ -17,6 +17,7 @@ GET_SET = "conformance/test_get_set_state_dict.py"
 MODELS = "conformance/test_model_matrix.py"
 FULL = "conformance/test_full_state_dict.py"
 FAILURES = "conformance/test_upstream_failures.py"
+OBSERVING = "conformance/test_observing_is_free.py"
 
 
 @contextlib.contextmanager
@@ -172,6 +173,20 @@ def _strict_ignores_unexpected(original: Fn) -> Fn:
     return load
 
 
+def _non_persistent_buffers_bumped(original: Fn) -> Fn:
+    def get(model: Any, info: Any) -> Any:
+        state_dict = original(model, info)
+        with torch.no_grad():
+            for module in model.modules():
+                for name in module._non_persistent_buffers_set:
+                    buffer = module._buffers.get(name)
+                    if buffer is not None:
+                        buffer.add_(1)
+        return state_dict
+
+    return get
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -214,6 +229,14 @@ MUTANTS = [
         "a tied parameter is saved under its first FQN only",
         _without_keys(_is_a_second_name),
         MODELS,
+    ),
+    _mutant(
+        "model_read_bumps_non_persistent_buffers",
+        "_get_model_state_dict",
+        "reading the model's state dict adds 1 to its non-persistent buffers, which no state "
+        "dict holds: only a training trajectory shows it",
+        _non_persistent_buffers_bumped,
+        OBSERVING,
     ),
     _mutant(
         "param_groups_reversed_on_get",
