@@ -7,7 +7,8 @@ state-dict types, ``optim_state_dict`` and its legacy optimizer APIs) must leave
 its gradients, the optimizer and the scheduler bit for bit as they were, right after the
 read and over the steps that follow. Reads happen before the first step, between steps and
 after a ``zero_grad``, on every cell at its smallest world size above one and at 4, with
-Adam, AdamW, SGD with momentum, and AdamW under a StepLR scheduler.
+Adam, AdamW, SGD with momentum, and AdamW under a StepLR scheduler (model reads, which do
+not touch the optimizer, under the last only, at every moment in one run).
 
 A read may build state lazily (an optimizer's zero state) so long as training does not
 change. A failure names the first step at which the trajectories part, the key and both
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 from conformance._fsdp1 import (
+    FSDP1_CELLS,
     MODEL_KINDS,
     OPTIM_KINDS,
     fsdp1_api,
@@ -49,26 +51,37 @@ RECIPES = ("adam", "adamw", "sgd_momentum", "adamw_step_lr")
 Read = Callable[[torch.nn.Module, torch.optim.Optimizer], object]
 
 
-def _every_option() -> Any:
+def _every_option(cpu_offload: bool = True) -> Any:
     return full_options(
-        cpu_offload=True,
+        cpu_offload=cpu_offload,
         ignore_frozen_params=True,
         keep_submodule_prefixes=False,
         flatten_optimizer_state_dict=True,
     )
 
 
+def _every_option_of(cell: Parallelism) -> tuple[str, Any]:
+    """A read's name and every option, but FSDP1's offloaded full state dicts, which have
+    their own test (they crash releases before 2.14.1: pytorch#188989)."""
+    if cell.fsdp1:
+        return "every option but cpu_offload", _every_option(cpu_offload=False)
+    return "every option", _every_option()
+
+
 def model_reads(cell: Parallelism) -> dict[str, Read]:
     """The reads of a model's state dict that apply to ``cell``."""
+    label, options = _every_option_of(cell)
     reads: dict[str, Read] = {
         "nn.Module.state_dict()": lambda model, _: model.state_dict(),
         "get_model_state_dict()": lambda model, _: dsd.get_model_state_dict(model),
-        "get_model_state_dict(every option)": lambda model, _: dsd.get_model_state_dict(
-            model, options=_every_option()
+        f"get_model_state_dict({label})": lambda model, _: dsd.get_model_state_dict(
+            model, options=options
         ),
     }
     if cell.fsdp1:
-        for kind in MODEL_KINDS:
+        # LOCAL_STATE_DICT refuses modules given a device mesh (the HYBRID_SHARD cells).
+        kinds = [k for k in MODEL_KINDS if not (k.startswith("local") and "hybrid" in cell.name)]
+        for kind in kinds:
             reads[f"FSDP1 state_dict ({kind})"] = lambda model, _, kind=kind: (
                 torch_model_state_dict(model, kind)
             )
@@ -77,16 +90,17 @@ def model_reads(cell: Parallelism) -> dict[str, Read]:
 
 def optimizer_reads(cell: Parallelism) -> dict[str, Read]:
     """The reads of an optimizer's state dict (with its model's) that apply to ``cell``."""
+    label, options = _every_option_of(cell)
     reads: dict[str, Read] = {
         "get_optimizer_state_dict()": lambda model, optim: dsd.get_optimizer_state_dict(
             model, optim
         ),
-        "get_optimizer_state_dict(every option)": lambda model, optim: dsd.get_optimizer_state_dict(
-            model, optim, options=_every_option()
+        f"get_optimizer_state_dict({label})": lambda model, optim: dsd.get_optimizer_state_dict(
+            model, optim, options=options
         ),
         "get_state_dict()": lambda model, optim: dsd.get_state_dict(model, optim),
-        "get_state_dict(every option)": lambda model, optim: dsd.get_state_dict(
-            model, optim, options=_every_option()
+        f"get_state_dict({label})": lambda model, optim: dsd.get_state_dict(
+            model, optim, options=options
         ),
     }
     if cell.fsdp1:
@@ -101,6 +115,16 @@ def optimizer_reads(cell: Parallelism) -> dict[str, Read]:
         for name in ("full_optim_state_dict", "sharded_optim_state_dict"):
             reads[f"FSDP1 {name}"] = lambda model, optim, name=name: fsdp1_api(name)(model, optim)
     return reads
+
+
+OFFLOADED_READS: dict[str, Read] = {
+    "get_model_state_dict(every option)": lambda model, _: dsd.get_model_state_dict(
+        model, options=_every_option()
+    ),
+    "get_state_dict(every option)": lambda model, optim: dsd.get_state_dict(
+        model, optim, options=_every_option()
+    ),
+}
 
 
 def _run(
@@ -132,22 +156,48 @@ MOMENTS = {  # by test id: the moments of a run at which the reads happen
     "before_first_step": {BEFORE_FIRST_STEP},
     "later": {BETWEEN_STEPS, AFTER_ZERO_GRAD},
 }
+EVERY_MOMENT = {BEFORE_FIRST_STEP, BETWEEN_STEPS, AFTER_ZERO_GRAD}
+# Each rank's plain trajectory per (cell, world size, recipe): deterministic, so computed once
+# per rank process for the tests that compare against it.
+_PLAIN: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+
+
+def _assert_reads_leave_training(
+    world: Any, cell: str, recipe: str, reads: dict[str, Read], moments: set[str]
+) -> None:
+    parallelism = PARALLELISMS[cell]
+    key = (cell, world.size, recipe)
+    if key not in _PLAIN:
+        _PLAIN[key] = _run(parallelism, world, recipe, {}, set())[0]
+    observed, changes = _run(parallelism, world, recipe, reads, moments)
+    parted = first_parting(observed, _PLAIN[key], ("with the reads", "without them"))
+    assert parted is None, (
+        f"training with {', '.join(reads)} ({', '.join(sorted(moments))}) parts from "
+        f"training without them {parted}" + "".join(f"\n  {change}" for change in changes)
+    )
+
+
+@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+def test_reading_the_model_state_leaves_training_as_it_was(world, cell):
+    """Model reads at every moment of one run, under AdamW and a StepLR scheduler."""
+    reads = model_reads(PARALLELISMS[cell])
+    _assert_reads_leave_training(world, cell, "adamw_step_lr", reads, EVERY_MOMENT)
 
 
 @pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("cell", sorted(PARALLELISMS))
 @pytest.mark.parametrize("when", sorted(MOMENTS))
-@pytest.mark.parametrize("reads", ["model", "optimizer"])
-def test_reading_a_state_dict_leaves_training_as_it_was(world, reads, when, cell, recipe):
-    parallelism = PARALLELISMS[cell]
-    OPTIMIZERS[recipe].skip_unless_applies(parallelism)
-    catalogue = (model_reads if reads == "model" else optimizer_reads)(parallelism)
-    plain, _ = _run(parallelism, world, recipe, {}, set())
-    observed, changes = _run(parallelism, world, recipe, catalogue, MOMENTS[when])
-    parted = first_parting(observed, plain, ("with the reads", "without them"))
-    assert parted is None, (
-        f"training with {', '.join(catalogue)} ({', '.join(sorted(MOMENTS[when]))}) parts "
-        f"from training without them "
-        f"{parted}" + "".join(f"\n  {change}" for change in changes)
-    )
+def test_reading_the_optimizer_state_leaves_training_as_it_was(world, when, cell, recipe):
+    OPTIMIZERS[recipe].skip_unless_applies(PARALLELISMS[cell])
+    reads = optimizer_reads(PARALLELISMS[cell])
+    _assert_reads_leave_training(world, cell, recipe, reads, MOMENTS[when])
+
+
+@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+@pytest.mark.parametrize("cell", FSDP1_CELLS)
+def test_reading_fsdp1_offloaded_full_state_dicts_leaves_training_as_it_was(world, cell):
+    """FSDP1's full state dicts offloaded to the CPU, at every moment of one run, under SGD
+    with momentum (whose state creation changes nothing)."""
+    _assert_reads_leave_training(world, cell, "sgd_momentum", OFFLOADED_READS, EVERY_MOMENT)
