@@ -121,10 +121,8 @@ def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Com
         verdict = REGRESSION
     elif interval.high < 1 and interval.ratio <= 1 / threshold:
         verdict = IMPROVEMENT
-    pooled = np.concatenate(
-        [_log_run_times(baseline) - np.mean(_log_run_times(baseline)),
-         _log_run_times(candidate) - np.mean(_log_run_times(candidate))]
-    )  # fmt: skip
+    logs = (_log_run_times(baseline), _log_run_times(candidate))
+    pooled = np.concatenate([side - side.mean() for side in logs])
     noise = float(np.sqrt(np.sum(pooled**2) / (pooled.size - 2)))
     return Comparison(
         name,

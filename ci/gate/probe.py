@@ -81,10 +81,10 @@ def _runnable_world_sizes(backend: str) -> list[int]:
 
 
 def render(caps: dict[str, Any]) -> str:
-    devices = ", ".join(caps["devices"]) or "none"
+    names = ", ".join(caps["devices"]) or "none"
     lines = [
         f"torch under test: {caps['torch']} (git {caps['torch_git_hash']}) at {caps['torch_path']}",
-        f"accelerator: {caps['accelerator'] or 'none'}; devices: {devices}; "
+        f"accelerator: {caps['accelerator'] or 'none'}; devices: {names}; "
         f"CUDA: {caps['cuda'] or 'none'}; CPU cores: {caps['cpu_cores']}",
         "backends: "
         + ", ".join(f"{n} {'yes' if ok else 'no'}" for n, ok in caps["backends"].items()),
