@@ -1,7 +1,8 @@
 """Checkpoints through ``torch.distributed.checkpoint``, as a training loop takes them.
 
 The torch build's ``get_state_dict`` gives what DCP saves and the shapes DCP
-loads into; ``set_state_dict`` then puts the loaded state back.
+loads into; ``set_state_dict`` then puts the loaded state back. A scheduler's state, where
+there is one, travels beside them as plain values, as training loops keep it.
 """
 
 from __future__ import annotations
@@ -12,25 +13,45 @@ import torch
 
 from conformance._upstream import dcp, dsd
 
+Scheduler = torch.optim.lr_scheduler.LRScheduler
 
-def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+
+def _dcp_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
+) -> dict[str, Any]:
     model_state, optim_state = dsd.get_state_dict(model, optimizer)
-    return {"model": model_state, "optim": optim_state}
+    state = {"model": model_state, "optim": optim_state}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
 
 
 def save_checkpoint(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kwargs: Any
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: str,
+    *,
+    scheduler: Scheduler | None = None,
+    **kwargs: Any,
 ) -> None:
-    """Save the model's and optimizer's state under ``path`` (``kwargs`` go to ``dcp.save``)."""
-    dcp.save(_dcp_state(model, optimizer), checkpoint_id=path, **kwargs)
+    """Save the model's, optimizer's and scheduler's state under ``path`` (``kwargs`` go to
+    ``dcp.save``)."""
+    dcp.save(_dcp_state(model, optimizer, scheduler), checkpoint_id=path, **kwargs)
 
 
 def load_checkpoint(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, **kwargs: Any
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: str,
+    *,
+    scheduler: Scheduler | None = None,
+    **kwargs: Any,
 ) -> None:
-    """Load ``path`` into the model and optimizer (``kwargs`` go to ``dcp.load``)."""
-    state = _dcp_state(model, optimizer)
+    """Load ``path`` into the model, optimizer and scheduler (``kwargs`` go to ``dcp.load``)."""
+    state = _dcp_state(model, optimizer, scheduler)
     dcp.load(state, checkpoint_id=path, **kwargs)
     dsd.set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])

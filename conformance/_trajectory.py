@@ -14,10 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import Parallelism
 from conformance._upstream import dtensor
+from conformance.models.zoo import MODELS
 
 Snapshot = dict[str, Any]
 Scheduler = torch.optim.lr_scheduler.LRScheduler
+Training = tuple[nn.Module, torch.optim.Optimizer, Scheduler | None]
 VALUES_SHOWN = 6
 
 
@@ -145,3 +149,31 @@ def train_observed(
         if step == 0:
             at_moment(BETWEEN_STEPS)
     return taken
+
+
+def fresh_training(cell: Parallelism, world: Any, recipe: str, model_id: str = "mlp") -> Training:
+    """The zoo's ``model_id`` fresh from its seed, wrapped by ``cell``, with ``recipe``'s
+    optimizer and scheduler."""
+    model = MODELS[model_id].make(cell, world)
+    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
+    return model, optimizer, scheduler
+
+
+def unobserved(_: str) -> None:
+    """The hook of a run that does nothing at its moments."""
+
+
+# Each rank's plain trajectories: deterministic, so computed once per rank process.
+_PLAIN: dict[tuple[str, int, str, str, int], list[Snapshot]] = {}
+
+
+def plain_trajectory(
+    cell: Parallelism, world: Any, recipe: str, steps: int, model_id: str = "mlp"
+) -> list[Snapshot]:
+    """This rank's snapshots of ``steps`` steps of fresh training, nothing else done."""
+    key = (cell.name, world.size, recipe, model_id, steps)
+    if key not in _PLAIN:
+        model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
+        inputs = MODELS[model_id].inputs
+        _PLAIN[key] = train_observed(model, optimizer, scheduler, steps, unobserved, inputs)
+    return _PLAIN[key]

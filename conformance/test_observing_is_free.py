@@ -40,11 +40,13 @@ from conformance._trajectory import (
     BETWEEN_STEPS,
     differences,
     first_parting,
+    fresh_training,
+    plain_trajectory,
     snapshot,
     train_observed,
 )
 from conformance._upstream import dsd, fsdp, full_options, quiet_deprecations
-from conformance.models.common import batch, seeded_mlp
+from conformance.models.common import batch
 
 STEPS = 3
 RECIPES = ("adam", "adamw", "sgd_momentum", "adamw_step_lr")
@@ -132,8 +134,7 @@ def _run(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """A fresh model trained ``STEPS`` steps with ``reads`` at ``moments``: a snapshot after
     each step, and what each read changed in the training state right away."""
-    model = cell.parallelise(seeded_mlp(), world)
-    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
+    model, optimizer, scheduler = fresh_training(cell, world, recipe)
     changes: list[str] = []
 
     def observe(moment: str) -> None:
@@ -157,20 +158,15 @@ MOMENTS = {  # by test id: the moments of a run at which the reads happen
     "later": {BETWEEN_STEPS, AFTER_ZERO_GRAD},
 }
 EVERY_MOMENT = {BEFORE_FIRST_STEP, BETWEEN_STEPS, AFTER_ZERO_GRAD}
-# Each rank's plain trajectory per (cell, world size, recipe): deterministic, so computed once
-# per rank process for the tests that compare against it.
-_PLAIN: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
 
 
 def _assert_reads_leave_training(
     world: Any, cell: str, recipe: str, reads: dict[str, Read], moments: set[str]
 ) -> None:
     parallelism = PARALLELISMS[cell]
-    key = (cell, world.size, recipe)
-    if key not in _PLAIN:
-        _PLAIN[key] = _run(parallelism, world, recipe, {}, set())[0]
+    plain = plain_trajectory(parallelism, world, recipe, STEPS)
     observed, changes = _run(parallelism, world, recipe, reads, moments)
-    parted = first_parting(observed, _PLAIN[key], ("with the reads", "without them"))
+    parted = first_parting(observed, plain, ("with the reads", "without them"))
     assert parted is None, (
         f"training with {', '.join(reads)} ({', '.join(sorted(moments))}) parts from "
         f"training without them {parted}" + "".join(f"\n  {change}" for change in changes)

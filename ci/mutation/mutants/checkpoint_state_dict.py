@@ -18,6 +18,7 @@ MODELS = "conformance/test_model_matrix.py"
 FULL = "conformance/test_full_state_dict.py"
 FAILURES = "conformance/test_upstream_failures.py"
 OBSERVING = "conformance/test_observing_is_free.py"
+RESUMING = "conformance/test_resuming_commutes_with_training.py"
 
 
 @contextlib.contextmanager
@@ -187,6 +188,22 @@ def _non_persistent_buffers_bumped(original: Fn) -> Fn:
     return get
 
 
+def _scheduled_lr_kept(original: Fn) -> Fn:
+    def load(model: Any, optimizers: Any, state_dict: Any, info: Any) -> None:
+        # Optimizer.load_state_dict replaces the group dicts: the kept values go by position.
+        kept = [
+            [group["lr"] if "initial_lr" in group else None for group in optimizer.param_groups]
+            for optimizer in optimizers
+        ]
+        original(model, optimizers, state_dict, info)
+        for optimizer, lrs in zip(optimizers, kept, strict=True):
+            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+                if lr is not None:
+                    group["lr"] = lr
+
+    return load
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -284,6 +301,15 @@ MUTANTS = [
             "test_upstream_failures.py::test_frozen_parameters_keep_their_optimizer_state_on_load "
             "fails on the unmutated build and is a known failure in its manifest"
         ),
+    ),
+    _mutant(
+        "scheduled_lr_kept_on_load",
+        "_load_optim_state_dict",
+        "a learning rate a scheduler drives keeps the loading optimizer's value instead of the "
+        "saved one: a run resumed in fresh objects restarts its schedule, which only a resumed "
+        "training trajectory shows",
+        _scheduled_lr_kept,
+        RESUMING,
     ),
     _mutant(
         "strict_load_ignores_unexpected_keys",

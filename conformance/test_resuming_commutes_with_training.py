@@ -1,0 +1,184 @@
+"""Save, load, train commutes with train: resuming from a checkpoint changes nothing.
+
+Judged against training that never stopped, not against the oracle. A checkpoint taken
+through DCP after ``k`` steps (the model, the optimizer and the scheduler, as a training
+loop keeps them) and loaded into fresh objects, then ``n`` more steps, must give what
+``k + n`` steps give without the round trip:
+
+- in the same cell at the same world size, bit for bit, after every one of the ``n`` steps:
+  each parameter's local values and gradient, the buffers, the optimizer's state and
+  hyper-parameters and the scheduler's state; every cell at its smallest world size above
+  one and at 4, with Adam, AdamW, SGD with momentum and AdamW under a StepLR scheduler, saved
+  before the first step (an optimizer with no state yet) and after two steps; with a frozen
+  layer (no gradient, no optimizer state), and with Adam's per-layer groups around an empty
+  group, saved after two steps;
+- saved at 4 ranks by one cell and loaded by another at 4, 2 or 1 ranks (rank 0 alone):
+  the full model, optimizer state and hyper-parameters after the ``n`` steps equal the
+  single-process run's after ``k + n``, within the tensor-parallel tolerances where a cell
+  is tensor-parallel.
+
+A failure names the first step at which the trajectories part, the key and both values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance._compare import assert_state_dict_equal
+from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    comparison_tolerance,
+    first_size_and_four,
+)
+from conformance._subworld import SubWorld
+from conformance._trajectory import (
+    Training,
+    first_parting,
+    fresh_training,
+    plain_trajectory,
+    train_observed,
+    unobserved,
+)
+from conformance._upstream import dsd, full_options
+from conformance.models.common import ground_truth, seeded_mlp
+from conformance.models.zoo import MODELS
+
+MORE_STEPS = 2
+SAVED_AT = {"before_first_step": 0, "after_2_steps": 2}  # by test id: the steps before saving
+RECIPES = ("adam", "adamw", "sgd_momentum", "adamw_step_lr")
+LABELS = ("resumed", "never stopped")
+
+
+def _skip_unless_applies(cell: Parallelism, recipe: str, model_id: str) -> None:
+    OPTIMIZERS[recipe].skip_unless_applies(cell)
+    reason = MODELS[model_id].unsupported(cell)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _resumed(
+    training: Training, path: str, start: int, model_id: str, **load: Any
+) -> list[dict[str, Any]]:
+    """Load ``path`` into ``training``'s fresh objects, then train ``MORE_STEPS`` on the
+    inputs that follow step ``start``: a snapshot after each step."""
+    model, optimizer, scheduler = training
+    load_checkpoint(model, optimizer, path, scheduler=scheduler, **load)
+    inputs = MODELS[model_id].inputs
+    return train_observed(
+        model, optimizer, scheduler, MORE_STEPS, unobserved, lambda step: inputs(start + step)
+    )
+
+
+def _assert_resumes_as_never_stopped(
+    world: Any, cell_name: str, recipe: str, saved: str, model_id: str = "mlp"
+) -> None:
+    cell, start = PARALLELISMS[cell_name], SAVED_AT[saved]
+    _skip_unless_applies(cell, recipe, model_id)
+    plain = plain_trajectory(cell, world, recipe, start + MORE_STEPS, model_id)
+    model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
+    inputs = MODELS[model_id].inputs
+    train_observed(model, optimizer, scheduler, start, unobserved, inputs)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    fresh = fresh_training(cell, world, recipe, model_id)
+    resumed = _resumed(fresh, path, start, model_id)
+    parted = first_parting(resumed, plain[start:], LABELS)
+    assert parted is None, (
+        f"saved after {start} steps, loaded into fresh objects and trained {MORE_STEPS} more, "
+        f"training parts from training that never stopped {parted} (steps counted from the load)"
+    )
+
+
+@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+@pytest.mark.parametrize("saved", sorted(SAVED_AT))
+def test_resuming_in_fresh_objects_trains_as_never_stopped(world, saved, cell, recipe):
+    _assert_resumes_as_never_stopped(world, cell, recipe, saved)
+
+
+@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+def test_resuming_with_a_frozen_layer_trains_as_never_stopped(world, cell):
+    """``fc1`` frozen: no gradient and no optimizer state, before and after the load."""
+    _assert_resumes_as_never_stopped(world, cell, "adamw_step_lr", "after_2_steps", "frozen")
+
+
+@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+def test_resuming_with_an_empty_param_group_trains_as_never_stopped(world, cell):
+    """Adam with a group per layer and an empty group between them."""
+    _assert_resumes_as_never_stopped(world, cell, "adam_groups", "after_2_steps")
+
+
+RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
+    ("fsdp2", "fsdp2", 2),
+    ("fsdp2", "single", 1),
+    ("fsdp1_full_shard_orig", "fsdp2", 2),
+    ("fsdp1_full_shard_flat", "ddp", 4),
+    ("fsdp1_hybrid_shard_orig_nested", "fsdp1_shard_grad_op_flat", 2),
+    ("ddp", "fsdp2_tp", 4),
+    ("fsdp2_tp", "tp", 2),
+    ("tp", "fsdp1_full_shard_orig_nested", 2),
+]
+SAVED_STEPS = 2
+
+
+def _training_in(name: str, world: Any, recipe: str) -> Training:
+    """Fresh objects in the cell ``name``, or on one process alone (``single``)."""
+    if name == "single":
+        model = seeded_mlp()
+        return (model, *OPTIMIZERS[recipe].build(model))
+    return fresh_training(PARALLELISMS[name], world, recipe)
+
+
+def _assert_full_state_is_single_process(
+    training: Training, steps: int, recipe: str, **tolerance: float
+) -> None:
+    model, optimizer, _ = training
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
+    expected = ground_truth(steps, OPTIMIZERS[recipe])
+    assert_state_dict_equal(model_state, expected.model, **tolerance)
+    assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
+    groups = {str(index): group for index, group in enumerate(optim_state["param_groups"])}
+    expected_groups = {str(index): group for index, group in enumerate(expected.param_groups)}
+    assert_state_dict_equal(groups, expected_groups)
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize(("saved_by", "resumed_by", "size"), RESHARDS)
+def test_resuming_under_another_cell_trains_as_one_process(
+    world, saved_by, resumed_by, size, recipe
+):
+    """Saved at 4 ranks after two steps, resumed by another cell at ``size`` ranks, two more
+    steps: the full state is the single process's after four."""
+    cells = [PARALLELISMS[name] for name in (saved_by, resumed_by) if name in PARALLELISMS]
+    for cell in cells:
+        cell.skip_unless_runnable(world.device)
+    model, optimizer, scheduler = fresh_training(PARALLELISMS[saved_by], world, recipe)
+    train_observed(model, optimizer, scheduler, SAVED_STEPS, unobserved, MODELS["mlp"].inputs)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    world.barrier()
+    resumers: Any = world
+    load: dict[str, Any] = {}
+    if size < world.size:
+        resumers = SubWorld(world, size)
+        if not resumers.member:
+            world.barrier()
+            return
+        load = {"no_dist": True} if size == 1 else {"process_group": resumers.group}
+    try:
+        training = _training_in(resumed_by, resumers, recipe)
+        _resumed(training, path, SAVED_STEPS, "mlp", **load)
+        _assert_full_state_is_single_process(
+            training, SAVED_STEPS + MORE_STEPS, recipe, **comparison_tolerance(*cells)
+        )
+    finally:
+        world.barrier()
