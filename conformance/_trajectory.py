@@ -16,7 +16,7 @@ from torch import nn
 
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import Parallelism
-from conformance._upstream import dtensor
+from conformance._upstream import dtensor, sharded_tensor
 from conformance.models.zoo import MODELS
 
 Snapshot = dict[str, Any]
@@ -63,6 +63,30 @@ def snapshot(
         for key, value in scheduler.state_dict().items():
             taken[f"scheduler.{key}"] = _local(value)
     return taken
+
+
+def tree_leaves(tree: Any, path: str = "") -> Snapshot:
+    """A state dict as its leaves by key path, copied: each container's type under its own
+    path, a DTensor's placements and local values, a ShardedTensor's shard offsets and local
+    values. Two trees are the same when their leaves are (``differences``)."""
+    leaves: Snapshot = {f"{path}<type>": type(tree).__name__}
+    if isinstance(tree, dict):
+        leaves[f"{path}<keys>"] = [str(key) for key in tree]
+        for key, value in tree.items():
+            leaves.update(tree_leaves(value, f"{path}.{key}" if path else str(key)))
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            leaves.update(tree_leaves(value, f"{path}[{index}]"))
+    elif isinstance(tree, dtensor.DTensor):
+        leaves[f"{path}<placements>"] = str(tuple(tree.placements))
+        leaves[path] = _local(tree)
+    elif isinstance(tree, sharded_tensor.ShardedTensor):
+        for shard in tree.local_shards():
+            offsets = shard.metadata.shard_offsets
+            leaves[f"{path}<shard at {offsets}>"] = _local(shard.tensor)
+    else:
+        leaves[path] = _local(tree)
+    return leaves
 
 
 def _shown(value: Any) -> str:

@@ -9,7 +9,7 @@ from ci.bench.noise import spreads, summary
 
 
 def _runs(shared: list[float], own: float, seed: int) -> list[dict[str, list[float]]]:
-    """Runs of two benchmarks whose medians move by ``shared[r]`` together, plus ``own``
+    """Runs of two benchmarks whose run times move by ``shared[r]`` together, plus ``own``
     independent noise each; rounds agree within 1%."""
     rng = np.random.default_rng(seed)
     found = []
@@ -28,7 +28,17 @@ def test_a_factor_shared_by_every_benchmark_of_a_run_is_told_apart() -> None:
     assert by_name["a"].between_runs == pytest.approx(np.std(slow_and_fast, ddof=1), rel=0.05)
     assert by_name["a"].between_without_shared < 0.01
     assert by_name["a"].within_run == pytest.approx(0.01, rel=0.5)
-    assert by_name["b"].median_s == pytest.approx(0.02, rel=0.05)
+    assert by_name["b"].run_time_s == pytest.approx(0.02, rel=0.05)
+
+
+def test_a_run_is_timed_by_its_fastest_round_as_the_comparison_times_it() -> None:
+    """Stalls that slow most rounds of some runs move their medians, not their fastest
+    rounds: the spread between runs is the comparison's, which sees none."""
+    steady, stalled = [0.010, 0.011, 0.012, 0.013], [0.010, 0.030, 0.031, 0.032]
+    runs = [{"a": steady if index % 2 else stalled} for index in range(6)]
+    (found,) = spreads(runs)
+    assert found.between_runs == 0.0
+    assert found.run_time_s == pytest.approx(0.010)
 
 
 def test_independent_noise_stays_once_the_shared_factor_is_removed() -> None:

@@ -4,10 +4,11 @@
         [--out bench-noise] [-- BENCHMARK PYTEST ARGS]
 
 Runs the state-dict benchmarks ``--runs`` times in fresh processes and prints, per benchmark,
-the spread between runs (standard deviation of the log of each run's median: what decides
-an A/B comparison's interval) beside the spread of rounds within a run, and the part of the
-between-run spread that is one factor shared by every benchmark of a run (a run that is slow
-everywhere). Each lever of ``ci/README.md``'s noise table was measured with it.
+the spread between runs (standard deviation of the log of each run's time, its fastest round,
+as the comparison takes it: what decides an A/B comparison's interval) beside the spread of
+rounds within a run, and the part of the between-run spread that is one factor shared by
+every benchmark of a run (a run that is slow everywhere). Each lever of ``ci/README.md``'s
+noise table was measured with it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ci.bench.runs import Build, Timings, env_pairs, read_timings, run_benchmarks
+from ci.bench.stats import log_run_times
 
-MIN_SECONDS = 1e-3  # the summary covers benchmarks of at least this median
+MIN_SECONDS = 1e-3  # the summary covers benchmarks whose run time is at least this
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ class Spread:
     """One benchmark's noise over runs of one build, as fractions (log-scale deviations)."""
 
     name: str
-    median_s: float
-    between_runs: float  # std of log run medians
+    run_time_s: float  # the median over runs of a run's time (its fastest round)
+    between_runs: float  # std of log run times
     within_run: float  # median over runs of the std of log rounds
     between_without_shared: float  # between_runs once each run's shared factor is removed
 
@@ -42,13 +44,15 @@ def spreads(runs: list[Timings]) -> list[Spread]:
     if len(runs) < 2:
         raise ValueError("a spread between runs needs at least two runs")
     names = sorted(runs[0])
-    logs = np.log([[np.median(run[name]) for name in names] for run in runs])  # runs x names
+    logs = np.array(
+        [log_run_times(tuple(tuple(run[name]) for run in runs)) for name in names]
+    ).T  # runs x names
     centred = logs - logs.mean(axis=0)
     shared = np.median(centred, axis=1, keepdims=True)  # each run's factor on every benchmark
     return [
         Spread(
             name=name,
-            median_s=float(np.exp(np.median(logs[:, index]))),
+            run_time_s=float(np.exp(np.median(logs[:, index]))),
             between_runs=float(np.std(logs[:, index], ddof=1)),
             within_run=float(np.median([np.std(np.log(run[name]), ddof=1) for run in runs])),
             between_without_shared=float(np.std(centred[:, index] - shared[:, 0], ddof=1)),
@@ -59,7 +63,7 @@ def spreads(runs: list[Timings]) -> list[Spread]:
 
 def summary(found: list[Spread]) -> dict[str, float]:
     """Medians over the benchmarks of at least ``MIN_SECONDS``."""
-    timed = [spread for spread in found if spread.median_s >= MIN_SECONDS]
+    timed = [spread for spread in found if spread.run_time_s >= MIN_SECONDS]
     if not timed:
         raise ValueError(f"no benchmark took {MIN_SECONDS * 1e3:g} ms or more")
     return {
@@ -71,10 +75,10 @@ def summary(found: list[Spread]) -> dict[str, float]:
 
 
 def _table(found: list[Spread], overall: dict[str, float]) -> str:
-    lines = [f"{'benchmark':<40} {'median':>10} {'between':>8} {'within':>8} {'unshared':>8}"]
+    lines = [f"{'benchmark':<40} {'run time':>10} {'between':>8} {'within':>8} {'unshared':>8}"]
     for spread in found:
         lines.append(
-            f"{spread.name:<40} {spread.median_s * 1e3:>8.2f}ms {spread.between_runs:>8.1%} "
+            f"{spread.name:<40} {spread.run_time_s * 1e3:>8.2f}ms {spread.between_runs:>8.1%} "
             f"{spread.within_run:>8.1%} {spread.between_without_shared:>8.1%}"
         )
     lines.append(

@@ -57,14 +57,14 @@ class Comparison:
     @property
     def baseline_time(self) -> float:
         """The baseline's run time: the geometric mean of its runs' fastest rounds."""
-        return float(np.exp(np.mean(_log_run_times(self.baseline))))
+        return float(np.exp(np.mean(log_run_times(self.baseline))))
 
     @property
     def candidate_time(self) -> float:
-        return float(np.exp(np.mean(_log_run_times(self.candidate))))
+        return float(np.exp(np.mean(log_run_times(self.candidate))))
 
 
-def _log_run_times(runs: Runs) -> np.ndarray:
+def log_run_times(runs: Runs) -> np.ndarray:
     """Each run's time: its fastest round (see the module's docstring), as a log."""
     return np.log([min(run) for run in runs])
 
@@ -87,7 +87,7 @@ def ratio_interval(baseline: Runs, candidate: Runs) -> Interval:
     Welch interval at ``CONFIDENCE``."""
     if len(baseline) < 2 or len(candidate) < 2 or not all(baseline) or not all(candidate):
         raise ValueError("both sides need at least two runs of at least one timing")
-    logs_b, logs_c = _log_run_times(baseline), _log_run_times(candidate)
+    logs_b, logs_c = log_run_times(baseline), log_run_times(candidate)
     var_b, var_c = logs_b.var(ddof=1) / logs_b.size, logs_c.var(ddof=1) / logs_c.size
     total = var_b + var_c
     log_se = math.sqrt(total)
@@ -121,7 +121,7 @@ def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Com
         verdict = REGRESSION
     elif interval.high < 1 and interval.ratio <= 1 / threshold:
         verdict = IMPROVEMENT
-    logs = (_log_run_times(baseline), _log_run_times(candidate))
+    logs = (log_run_times(baseline), log_run_times(candidate))
     pooled = np.concatenate([side - side.mean() for side in logs])
     noise = float(np.sqrt(np.sum(pooled**2) / (pooled.size - 2)))
     return Comparison(

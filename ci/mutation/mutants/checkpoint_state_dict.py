@@ -188,18 +188,12 @@ def _non_persistent_buffers_bumped(original: Fn) -> Fn:
     return get
 
 
-def _scheduled_lr_kept(original: Fn) -> Fn:
-    def load(model: Any, optimizers: Any, state_dict: Any, info: Any) -> None:
-        # Optimizer.load_state_dict replaces the group dicts: the kept values go by position.
-        kept = [
-            [group["lr"] if "initial_lr" in group else None for group in optimizer.param_groups]
-            for optimizer in optimizers
-        ]
-        original(model, optimizers, state_dict, info)
-        for optimizer, lrs in zip(optimizers, kept, strict=True):
-            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-                if lr is not None:
-                    group["lr"] = lr
+def _frozen_unfrozen_on_load(original: Fn) -> Fn:
+    def load(model: Any, state_dict: Any, info: Any) -> Any:
+        result = original(model, state_dict, info)
+        for param in model.parameters():
+            param.requires_grad_(True)
+        return result
 
     return load
 
@@ -303,12 +297,12 @@ MUTANTS = [
         ),
     ),
     _mutant(
-        "scheduled_lr_kept_on_load",
-        "_load_optim_state_dict",
-        "a learning rate a scheduler drives keeps the loading optimizer's value instead of the "
-        "saved one: a run resumed in fresh objects restarts its schedule, which only a resumed "
-        "training trajectory shows",
-        _scheduled_lr_kept,
+        "frozen_parameters_unfrozen_on_load",
+        "_load_model_state_dict",
+        "loading a model state dict leaves every parameter requiring gradients, as re-created "
+        "nn.Parameters do: a frozen layer trains after a resume, which only a resumed training "
+        "trajectory shows",
+        _frozen_unfrozen_on_load,
         RESUMING,
     ),
     _mutant(

@@ -1,0 +1,236 @@
+"""Loads do not touch their inputs, and loading twice is loading once.
+
+Judged against a copy of the input taken before the load and against the state the first
+load left, not against the oracle. Every set and load API reads the state dict it is given:
+after the load that dict is as the caller made it (the same keys and containers, every value
+bit for bit), and loading the same dict again leaves the model (each parameter's local
+values, the buffers) and the optimizer (state and hyper-parameters) exactly as the first load
+did. The loads, by family (one test per cell and family, each load of the family in turn):
+``set_model_state_dict`` and ``set_optimizer_state_dict`` with each option (sharded, full,
+not strict for the model, flattened for the optimizer); ``set_state_dict`` sharded and with
+all of them at once;
+``nn.Module.load_state_dict``; on FSDP1 cells, ``load_state_dict`` under each state-dict type
+every rank loads (LOCAL not on ``use_orig_params`` cells, which refuse their own local state
+dict: see test_fsdp1_model_state's manifest entries), ``optim_state_dict_to_load`` under each,
+and the legacy ``shard_full_optim_state_dict``, ``scatter_full_optim_state_dict`` and
+``flatten_sharded_optim_state_dict``. Each cell at its smallest world size above one and at
+4; each input is read after two Adam steps, and one more step comes before each load.
+
+A failure names every load of the family that broke the contract: the first key paths where
+its input changed, with both values, or where its second load left another state than the
+first.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from conformance._fsdp1 import fsdp1_api, optim_settings, torch_model_load, torch_model_state_dict
+from conformance._optimizers import adam
+from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
+from conformance._trajectory import differences, snapshot, tree_leaves
+from conformance._upstream import dsd, fsdp, quiet_deprecations
+from conformance.models.common import seeded_mlp, train
+
+Model = torch.nn.Module
+Optimizer = torch.optim.Optimizer
+Read = Callable[[Model, Optimizer, int], Any]  # (model, optimizer, rank) -> the input
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load: ``read`` makes its input from the trained objects (what a caller would hold),
+    ``load`` applies it."""
+
+    name: str
+    read: Read
+    load: Callable[[Model, Optimizer, Any], None]
+
+
+def _dsd_options(label: str) -> Any:
+    options = {
+        "sharded": {},
+        "full": {"full_state_dict": True},
+        "not_strict": {"strict": False},
+        "flattened": {"flatten_optimizer_state_dict": True},
+        "every_option": {
+            "full_state_dict": True,
+            "strict": False,
+            "flatten_optimizer_state_dict": True,
+        },
+    }[label]
+    return dsd.StateDictOptions(**options)
+
+
+def _dsd_family(
+    name: str, labels: tuple[str, ...], read: Callable[..., Any], load: Callable[..., Any]
+) -> Callable[[Parallelism], list[Load]]:
+    """A setter of ``torch.distributed.checkpoint.state_dict`` under each option set of
+    ``labels``: its input is what the matching getter gives with the same options.
+    ``read(model, optimizer, options)``; ``load(model, optimizer, given, options)``."""
+
+    def loads(_: Parallelism) -> list[Load]:
+        return [
+            Load(
+                f"{name}({label})",
+                lambda m, opt, _, label=label: read(m, opt, _dsd_options(label)),
+                lambda m, opt, given, label=label: load(m, opt, given, _dsd_options(label)),
+            )
+            for label in labels
+        ]
+
+    return loads
+
+
+_model_loads = _dsd_family(
+    "set_model_state_dict",
+    ("sharded", "full", "not_strict"),
+    lambda m, _, o: dsd.get_model_state_dict(m, options=o),
+    lambda m, _, given, o: dsd.set_model_state_dict(m, given, options=o),
+)
+_optimizer_loads = _dsd_family(
+    "set_optimizer_state_dict",
+    ("sharded", "full", "flattened"),
+    lambda m, opt, o: dsd.get_optimizer_state_dict(m, opt, options=o),
+    lambda m, opt, given, o: dsd.set_optimizer_state_dict(m, opt, given, options=o),
+)
+_state_loads = _dsd_family(
+    "set_state_dict",
+    ("sharded", "every_option"),
+    lambda m, opt, o: dsd.get_state_dict(m, opt, options=o),
+    lambda m, opt, given, o: dsd.set_state_dict(
+        m, opt, model_state_dict=given[0], optim_state_dict=given[1], options=o
+    ),
+)
+
+
+def _module_loads(_: Parallelism) -> list[Load]:
+    return [
+        Load(
+            "nn.Module.load_state_dict",
+            lambda m, _, __: m.state_dict(),
+            lambda m, _, given: m.load_state_dict(given),
+        )
+    ]
+
+
+def _fsdp1_model_loads(cell: Parallelism) -> list[Load]:
+    kinds = ["full", "sharded", "sharded_offloaded"]
+    if cell.flat_params and "hybrid" not in cell.name:  # see the module's docstring
+        kinds += ["local", "local_offloaded"]
+    return [
+        Load(
+            f"FSDP1 load_state_dict ({kind})",
+            lambda m, _, __, kind=kind: torch_model_state_dict(m, kind),
+            lambda m, _, given, kind=kind: torch_model_load(m, given, kind),
+        )
+        for kind in kinds
+    ]
+
+
+def _under(kind: str, model: Model, call: Callable[[], Any]) -> Any:
+    fsdp1 = fsdp.FullyShardedDataParallel
+    with quiet_deprecations(), fsdp1.state_dict_type(model, *optim_settings(kind)):
+        return call()
+
+
+def _fsdp1_optimizer_loads(_: Parallelism) -> list[Load]:
+    fsdp1 = fsdp.FullyShardedDataParallel
+    return [
+        Load(
+            f"FSDP1 optim_state_dict_to_load ({kind})",
+            lambda m, opt, _, kind=kind: _under(kind, m, lambda: fsdp1.optim_state_dict(m, opt)),
+            lambda m, opt, given, kind=kind: opt.load_state_dict(
+                _under(kind, m, lambda: fsdp1.optim_state_dict_to_load(m, opt, given))
+            ),
+        )
+        for kind in ("full", "full_offloaded", "sharded")
+    ]
+
+
+def _legacy(save: str, load: str, **save_options: Any) -> Load:
+    """A legacy FSDP1 load: its input is what ``save`` gives (on rank 0 alone for
+    ``scatter_full_optim_state_dict``), and what ``load`` returns goes into the optimizer."""
+    scatter = load == "scatter_full_optim_state_dict"
+
+    def read(model: Model, optim: Optimizer, rank: int) -> Any:
+        saved = fsdp1_api(save)(model, optim, **save_options)
+        return saved if rank == 0 or not scatter else None
+
+    def apply(model: Model, optim: Optimizer, given: Any) -> None:
+        optim.load_state_dict(fsdp1_api(load)(given, model, optim=optim))
+
+    return Load(load, read, apply)
+
+
+def _legacy_loads(_: Parallelism) -> list[Load]:
+    return [
+        _legacy("full_optim_state_dict", "shard_full_optim_state_dict", rank0_only=False),
+        _legacy("full_optim_state_dict", "scatter_full_optim_state_dict"),
+        _legacy("sharded_optim_state_dict", "flatten_sharded_optim_state_dict"),
+    ]
+
+
+Family = Callable[[Parallelism], list[Load]]
+EVERY_CELL: dict[str, Family] = {
+    "set_model_state_dict": _model_loads,
+    "set_optimizer_state_dict": _optimizer_loads,
+    "set_state_dict": _state_loads,
+}
+FAMILIES: dict[str, tuple[Family, Callable[[Parallelism], bool]]] = {
+    **{name: (family, lambda _: True) for name, family in EVERY_CELL.items()},
+    "nn.Module.load_state_dict": (_module_loads, lambda cell: not cell.fsdp1),
+    "fsdp1_load_state_dict": (_fsdp1_model_loads, lambda cell: cell.fsdp1),
+    "fsdp1_optim_state_dict_to_load": (_fsdp1_optimizer_loads, lambda cell: cell.fsdp1),
+    "fsdp1_legacy_optim_loads": (_legacy_loads, lambda cell: cell.fsdp1),
+}
+
+
+def _applies(size: int, **params: Any) -> bool:
+    cell = PARALLELISMS[params["cell"]]
+    return FAMILIES[params["family"]][1](cell) and first_size_and_four("cell")(size, **params)
+
+
+def _broken(load: Load, model: Model, optimizer: Optimizer, rank: int, step: int) -> list[str]:
+    """What ``load`` broke: it reads an input taken now, one more step is trained, it loads
+    the input twice. Every rank makes both loads whatever it finds, as their collectives
+    need."""
+    # A copy, as a checkpoint holds it: what a read gives may alias the model's own tensors.
+    given = copy.deepcopy(load.read(model, optimizer, rank))
+    as_given = tree_leaves(given)
+    train(model, optimizer, steps=1, start=step)
+    with quiet_deprecations():
+        load.load(model, optimizer, given)
+    once = snapshot(model, optimizer, None)
+    changed = differences(tree_leaves(given), as_given, ("after the load", "as given"))
+    with quiet_deprecations():
+        load.load(model, optimizer, given)
+    twice = differences(snapshot(model, optimizer, None), once, ("loaded twice", "loaded once"))
+    broken = []
+    if changed:
+        broken.append(f"{load.name} changed its input: " + "; ".join(changed))
+    if twice:
+        broken.append(
+            f"{load.name} a second time changed what the first load left: " + "; ".join(twice)
+        )
+    return broken
+
+
+@pytest.mark.world(2, 4, applies=_applies)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+def test_loading_leaves_its_input_and_loading_twice_is_loading_once(world, cell, family):
+    parallelism = PARALLELISMS[cell]
+    model = parallelism.parallelise(seeded_mlp(), world)
+    optimizer = adam(model)
+    train(model, optimizer, steps=2)
+    broken = []
+    for step, load in enumerate(FAMILIES[family][0](parallelism), start=2):
+        broken += _broken(load, model, optimizer, world.rank, step)
+    assert not broken, "\n".join(broken)
