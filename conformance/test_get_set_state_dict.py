@@ -12,13 +12,13 @@ by placement and shard by shard (ShardedTensors by metadata and local shards);
 ``set_state_dict`` by torch and by the oracle into fresh models, sharded and full, must
 leave identical models and optimizers; every optimizer by sharded/full/flattened get and
 load; get → set → get is the identity (what loads do to their inputs:
-test_loading_leaves_its_input.py); a key the model lacks makes a strict load raise,
-naming it, and a non-strict load report it, in torch as in the oracle;
-``broadcast_from_rank0``, with rank 0 alone passing the full model and optimizer dicts (the others ``{}``) to ``set_model_state_dict`` and
-``set_optimizer_state_dict``, into every parallelism (FSDP1 cells included) by torch and by
-the oracle, leaves identical models and optimizers holding the source's values; a strict
-broadcast load whose dict lacks a key raises on every rank, naming it; the deprecated
-``submodules`` selection (``fc2`` alone, its prefix kept or cut by
+test_loading_leaves_its_input.py); a key the model lacks makes a strict load raise, naming
+it, and a non-strict load report it, in torch as in the oracle; ``broadcast_from_rank0``,
+with rank 0 alone passing the full model and optimizer dicts (the others ``{}``) to
+``set_model_state_dict`` and ``set_optimizer_state_dict``, into every parallelism (FSDP1
+cells included) by torch and by the oracle, leaves identical models and optimizers holding
+the source's values; a strict broadcast load whose dict lacks a key raises on every rank,
+naming it; the deprecated ``submodules`` selection (``fc2`` alone, its prefix kept or cut by
 ``keep_submodule_prefixes``), sharded and full, in every parallelism.
 """
 
