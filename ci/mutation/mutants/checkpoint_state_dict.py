@@ -19,6 +19,7 @@ FULL = "conformance/test_full_state_dict.py"
 FAILURES = "conformance/test_upstream_failures.py"
 OBSERVING = "conformance/test_observing_is_free.py"
 RESUMING = "conformance/test_resuming_commutes_with_training.py"
+LOADING = "conformance/test_loading_leaves_its_input.py"
 
 
 @contextlib.contextmanager
@@ -198,6 +199,15 @@ def _frozen_unfrozen_on_load(original: Fn) -> Fn:
     return load
 
 
+def _param_groups_consumed(original: Fn) -> Fn:
+    def load(model: Any, optimizers: Any, state_dict: Any, info: Any) -> None:
+        original(model, optimizers, state_dict, info)
+        for key in [key for key in state_dict if str(key).startswith("param_groups")]:
+            del state_dict[key]
+
+    return load
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -304,6 +314,15 @@ MUTANTS = [
         "trajectory shows",
         _frozen_unfrozen_on_load,
         RESUMING,
+    ),
+    _mutant(
+        "optimizer_load_consumes_its_param_groups",
+        "_load_optim_state_dict",
+        "loading an optimizer state dict pops the param groups from the caller's dict: the "
+        "load itself is right, loading the same dict again is not, which only a check of what "
+        "loads do to their inputs shows",
+        _param_groups_consumed,
+        LOADING,
     ),
     _mutant(
         "strict_load_ignores_unexpected_keys",
