@@ -202,8 +202,7 @@ def _frozen_unfrozen_on_load(original: Fn) -> Fn:
 def _param_groups_consumed(original: Fn) -> Fn:
     def load(model: Any, optimizers: Any, state_dict: Any, info: Any) -> None:
         original(model, optimizers, state_dict, info)
-        for key in [key for key in state_dict if str(key).startswith("param_groups")]:
-            del state_dict[key]
+        state_dict.pop("param_groups", None)  # a nested state dict's; a flattened one keeps its
 
     return load
 
@@ -318,9 +317,9 @@ MUTANTS = [
     _mutant(
         "optimizer_load_consumes_its_param_groups",
         "_load_optim_state_dict",
-        "loading an optimizer state dict pops the param groups from the caller's dict: the "
-        "load itself is right, loading the same dict again is not, which only a check of what "
-        "loads do to their inputs shows",
+        "loading a nested optimizer state dict pops its param groups from the caller's dict: "
+        "the load itself is right, loading the same dict again is not, which only a check of "
+        "what loads do to their inputs shows",
         _param_groups_consumed,
         LOADING,
     ),
