@@ -31,7 +31,12 @@ from typing import Any
 import pytest
 import torch
 
-from conformance._fsdp1 import fsdp1_api, optim_settings, torch_model_load, torch_model_state_dict
+from conformance._fsdp1 import (
+    fsdp1_api,
+    torch_model_load,
+    torch_model_state_dict,
+    under_optim_settings,
+)
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
 from conformance._trajectory import differences, snapshot, tree_leaves
@@ -134,20 +139,16 @@ def _fsdp1_model_loads(cell: Parallelism) -> list[Load]:
     ]
 
 
-def _under(kind: str, model: Model, call: Callable[[], Any]) -> Any:
-    fsdp1 = fsdp.FullyShardedDataParallel
-    with quiet_deprecations(), fsdp1.state_dict_type(model, *optim_settings(kind)):
-        return call()
-
-
 def _fsdp1_optimizer_loads(_: Parallelism) -> list[Load]:
     fsdp1 = fsdp.FullyShardedDataParallel
     return [
         Load(
             f"FSDP1 optim_state_dict_to_load ({kind})",
-            lambda m, opt, _, kind=kind: _under(kind, m, lambda: fsdp1.optim_state_dict(m, opt)),
+            lambda m, opt, _, kind=kind: under_optim_settings(
+                m, kind, lambda: fsdp1.optim_state_dict(m, opt)
+            ),
             lambda m, opt, given, kind=kind: opt.load_state_dict(
-                _under(kind, m, lambda: fsdp1.optim_state_dict_to_load(m, opt, given))
+                under_optim_settings(m, kind, lambda: fsdp1.optim_state_dict_to_load(m, opt, given))
             ),
         )
         for kind in ("full", "full_offloaded", "sharded")
