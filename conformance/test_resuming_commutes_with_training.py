@@ -61,6 +61,17 @@ def _skip_unless_applies(cell: Parallelism, recipe: str, model_id: str) -> None:
         pytest.skip(reason)
 
 
+def _checkpoint_after(
+    steps: int, cell: Parallelism, world: Any, recipe: str, model_id: str = "mlp"
+) -> str:
+    """Where fresh training in ``cell`` saved its checkpoint after ``steps`` steps."""
+    model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
+    train_observed(model, optimizer, scheduler, steps, unobserved, MODELS[model_id].inputs)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    return path
+
+
 def _resumed(
     training: Training, path: str, start: int, model_id: str, **load: Any
 ) -> list[dict[str, Any]]:
@@ -80,11 +91,7 @@ def _assert_resumes_as_never_stopped(
     cell, start = PARALLELISMS[cell_name], SAVED_AT[saved]
     _skip_unless_applies(cell, recipe, model_id)
     plain = plain_trajectory(cell, world, recipe, start + MORE_STEPS, model_id)
-    model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
-    inputs = MODELS[model_id].inputs
-    train_observed(model, optimizer, scheduler, start, unobserved, inputs)
-    path = str(world.tmp_path / "checkpoint")
-    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    path = _checkpoint_after(start, cell, world, recipe, model_id)
     fresh = fresh_training(cell, world, recipe, model_id)
     resumed = _resumed(fresh, path, start, model_id)
     parted = first_parting(resumed, plain[start:], LABELS)
@@ -161,10 +168,7 @@ def test_resuming_under_another_cell_trains_as_one_process(
     cells = [PARALLELISMS[name] for name in (saved_by, resumed_by) if name in PARALLELISMS]
     for cell in cells:
         cell.skip_unless_runnable(world.device)
-    model, optimizer, scheduler = fresh_training(PARALLELISMS[saved_by], world, recipe)
-    train_observed(model, optimizer, scheduler, SAVED_STEPS, unobserved, MODELS["mlp"].inputs)
-    path = str(world.tmp_path / "checkpoint")
-    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    path = _checkpoint_after(SAVED_STEPS, PARALLELISMS[saved_by], world, recipe)
     world.barrier()
     resumers: Any = world
     load: dict[str, Any] = {}
