@@ -33,6 +33,11 @@ from reference_impl._optim_flat import (
     flatten_optimizer_state_dict,
     unflatten_optimizer_state_dict,
 )
+from reference_impl._optim_input import (
+    parameter_fqns,
+    require_complete_state,
+    require_known_parameters,
+)
 from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
 from reference_impl.fsdp_state_dict_utils import (
     IncompatibleKeys,
@@ -448,9 +453,13 @@ def set_optimizer_state_dict(
     optimizers = _optimizers(optimizers)
     _require_optimizer_state(optim_state_dict, options)
     names = ModelNames(model, options.dsd_fqn_modifiers)
+    if options.strict and optim_state_dict:
+        require_known_parameters(optim_state_dict, parameter_fqns(model, names))
     for optimizer in optimizers:
         ensure_optimizer_state(optimizer)
         own = _own_part(optimizer, optim_state_dict, names, options.strict)
+        if own:
+            require_complete_state(model, optimizer, own, names, options.strict)
         if _has_fsdp1(model):
             own = fsdp_optim_state_dict_to_load(
                 model,

@@ -237,6 +237,47 @@ def test_frozen_parameters_keep_their_saved_optimizer_state() -> None:
     assert "fc1.weight" in ri.get_optimizer_state_dict(fresh_model, fresh)["state"]
 
 
+def _adam_state(flattened: bool = False) -> dict:
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters())
+    trained(model, optimizer)
+    options = ri.StateDictOptions(flatten_optimizer_state_dict=flattened)
+    return copy.deepcopy(ri.get_optimizer_state_dict(model, optimizer, options=options))
+
+
+def _load_into_fresh(state: dict, **options: bool) -> torch.optim.Optimizer:
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters())
+    ri.set_optimizer_state_dict(model, optimizer, state, options=ri.StateDictOptions(**options))
+    return optimizer
+
+
+def test_strict_optimizer_load_names_state_of_a_parameter_the_model_lacks() -> None:
+    nested, flattened = _adam_state(), _adam_state(flattened=True)
+    nested["state"]["fc3.weight"] = nested["state"]["fc1.weight"]
+    flattened["state.fc3.weight.exp_avg"] = flattened["state.fc1.weight.exp_avg"]
+    for state in (nested, flattened):
+        with pytest.raises(RuntimeError, match=r"optimizer state for fc3\.weight: no such param"):
+            _load_into_fresh(state, flatten_optimizer_state_dict=state is flattened)
+        _load_into_fresh(state, strict=False, flatten_optimizer_state_dict=state is flattened)
+
+
+def test_strict_optimizer_load_names_a_missing_entry_by_its_key_path() -> None:
+    state = _adam_state()
+    del state["state"]["fc1.weight"]["exp_avg_sq"]
+    with pytest.raises(KeyError, match=r"state\.fc1\.weight\.exp_avg_sq: missing"):
+        _load_into_fresh(state)
+
+
+def test_optimizer_load_names_a_tensor_of_another_shape_by_its_key_path() -> None:
+    state = _adam_state()
+    state["state"]["fc2.bias"]["exp_avg"] = torch.zeros(3)
+    with pytest.raises(
+        ValueError, match=r"state\.fc2\.bias\.exp_avg: shape \[3\], the optimizer keeps \[2\]"
+    ):
+        _load_into_fresh(state, strict=False)
+
+
 def test_strict_load_names_the_missing_keys_and_loads_nothing() -> None:
     model = Net()
     before = copy.deepcopy(model.state_dict())
