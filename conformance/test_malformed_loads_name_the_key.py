@@ -168,7 +168,7 @@ def _converted_as_given(
     api: Any, model: Any, optimizer: Any, given: Any, options: Any
 ) -> str | None:
     """Where a convertible spoil loaded: how the loaded ``exp_avg`` differs from the given."""
-    full = api.EditableOptions(full_state_dict=True)
+    full = api.StateDictOptions(full_state_dict=True)
     loaded = api.get_optimizer_state_dict(model, optimizer, options=full)["state"][PARAM]
     expected = Editable(given, options.flatten_optimizer_state_dict).entries(PARAM)["exp_avg"]
     got = loaded["exp_avg"]
@@ -198,7 +198,7 @@ def _judge(api: Any, world: Any, cell: str, path: str, spoil: str) -> None:
     """``api``'s optimizer state dict, read after two steps and spoiled, loaded into fresh
     objects of ``cell``: fails naming each rank that accepted it, or refused it by no key."""
     parallelism, bad = PARALLELISMS[cell], SPOILS[spoil]
-    options = api.EditableOptions(**PATHS[path])
+    options = api.StateDictOptions(**PATHS[path])
     model, optimizer = _trained(parallelism, world, steps=2)
     given = api.get_optimizer_state_dict(model, optimizer, options=options)
     bad.apply(Editable(given, options.flatten_optimizer_state_dict))
