@@ -38,7 +38,11 @@ class Parallelism:
     fsdp1: bool = False
     flat_params: bool = False  # FSDP1 without use_orig_params: one flat parameter per wrap
     nested: bool = False  # the model's units are wrapped on their own, inside the root
+    fsdp1_mesh: bool = False  # FSDP1 given a device mesh, which refuses LOCAL_STATE_DICT
     fsdp2: bool = False  # built with fully_shard, which some releases cannot run on CPU
+    # The oracle models the cell's state dicts; tests that compare with the oracle (their
+    # names say so) skip a cell it does not, naming it (conformance/conftest.py).
+    oracle_models: bool = True
 
     def __post_init__(self) -> None:
         if not self.sizes or any(size < 1 for size in self.sizes):
@@ -195,6 +199,17 @@ def _fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
     return model
 
 
+def _fsdp1_tp(model: nn.Module, world: Any) -> nn.Module:
+    """FSDP1 (FULL_SHARD, ``use_orig_params``) over the ``dp`` dim of a (2, size / 2) mesh,
+    around the model made tensor-parallel over its ``tp`` dim."""
+    mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
+    model = _tensor_parallel(model, mesh["tp"])
+    with quiet_deprecations():
+        return fsdp.FullyShardedDataParallel(
+            model, device_id=world.device, device_mesh=mesh["dp"], use_orig_params=True
+        )
+
+
 def _catalogue() -> dict[str, Parallelism]:
     cells = [
         Parallelism("ddp", _ddp, (1, 2, 4)),
@@ -205,6 +220,15 @@ def _catalogue() -> dict[str, Parallelism]:
         Parallelism("hsdp2", _fsdp2(True, hybrid=True), (4,), fsdp2=True),
         Parallelism("tp", _tp, (2, 4), exact=False),
         Parallelism("fsdp2_tp", _fsdp2_tp, (4,), exact=False, fsdp2=True),
+        Parallelism(
+            "fsdp1_tp",
+            _fsdp1_tp,
+            (4,),
+            exact=False,
+            fsdp1=True,
+            fsdp1_mesh=True,
+            oracle_models=False,
+        ),
     ]
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"):
         for orig in (True, False):
@@ -214,7 +238,15 @@ def _catalogue() -> dict[str, Parallelism]:
                 sizes = (4,) if strategy == "HYBRID_SHARD" else (2, 4)
                 wrap = _fsdp1(strategy, orig, nested)
                 cells.append(
-                    Parallelism(name, wrap, sizes, fsdp1=True, flat_params=not orig, nested=nested)
+                    Parallelism(
+                        name,
+                        wrap,
+                        sizes,
+                        fsdp1=True,
+                        flat_params=not orig,
+                        nested=nested,
+                        fsdp1_mesh=strategy == "HYBRID_SHARD",
+                    )
                 )
     return {cell.name: cell for cell in cells}
 

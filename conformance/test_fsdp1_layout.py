@@ -36,7 +36,7 @@ def _their_slices(shard: ri.FlatParamShard) -> dict[str, ri.ParamSlice]:
 @pytest.mark.world(2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
-def test_flat_shards_hold_what_the_layout_says(world, name, model_name):
+def test_flat_shards_hold_what_the_oracles_layout_says(world, name, model_name):
     PARALLELISMS[name].require(world.size)
     model = PARALLELISMS[name].parallelise(MODELS[model_name](), world)
     originals = dict(MODELS[model_name]().named_parameters())

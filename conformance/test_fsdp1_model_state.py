@@ -64,11 +64,11 @@ def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
 
 
 def _refused(name: str, state_dict_type: fsdp.StateDictType) -> bool:
-    """LOCAL_STATE_DICT refuses modules given a device mesh (our HYBRID_SHARD cells).
+    """LOCAL_STATE_DICT refuses modules given a device mesh (HYBRID_SHARD and FSDP1 + TP).
 
     NO_SHARD modules give a full state dict whatever type is asked for.
     """
-    return state_dict_type == fsdp.StateDictType.LOCAL_STATE_DICT and "hybrid" in name
+    return state_dict_type == fsdp.StateDictType.LOCAL_STATE_DICT and PARALLELISMS[name].fsdp1_mesh
 
 
 def _by_key(state_dict: dict[str, Any]) -> dict[str, Any]:

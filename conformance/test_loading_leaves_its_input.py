@@ -127,7 +127,7 @@ def _module_loads(_: Parallelism) -> list[Load]:
 
 def _fsdp1_model_loads(cell: Parallelism) -> list[Load]:
     kinds = ["full", "sharded", "sharded_offloaded"]
-    if cell.flat_params and "hybrid" not in cell.name:  # see the module's docstring
+    if cell.flat_params and not cell.fsdp1_mesh:  # see the module's docstring
         kinds += ["local", "local_offloaded"]
     return [
         Load(

@@ -82,7 +82,7 @@ def model_reads(cell: Parallelism) -> dict[str, Read]:
     }
     if cell.fsdp1:
         # LOCAL_STATE_DICT refuses modules given a device mesh (the HYBRID_SHARD cells).
-        kinds = [k for k in MODEL_KINDS if not (k.startswith("local") and "hybrid" in cell.name)]
+        kinds = [k for k in MODEL_KINDS if not (k.startswith("local") and cell.fsdp1_mesh)]
         for kind in kinds:
             reads[f"FSDP1 state_dict ({kind})"] = lambda model, _, kind=kind: (
                 torch_model_state_dict(model, kind)
