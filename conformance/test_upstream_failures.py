@@ -6,7 +6,7 @@ reason; a crash or hang is cut by the harness's deadline and reported with
 every rank's stack.
 
 Each failure upstream has had (pytorch#136228, #157781, #138842 under NCCL, #128011,
-#192225, #192202, #158519, #124546, #128444, PR #128004) and each real failure of torch
+#192225, #192202, #158519, #124546, #128444, #164843, PR #128004) and each real failure of torch
 2.13.0 on CPU, as a test of the correct behaviour. A hang is cut at 30 s and reported with
 every rank's stack; a segfault with its signal.
 """
@@ -387,3 +387,25 @@ def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
     options = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     dsd.set_model_state_dict(model, expected if world.rank == 0 else {}, options=options)
     assert_state_dict_equal(model.state_dict(), expected)
+
+
+@pytest.mark.world(2, timeout=HANG_DEADLINE_S)
+def test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it(world):
+    """pytorch#164843: ``set_model_state_dict(full_state_dict, broadcast_from_rank0)`` given
+    what an FSDP2 model's own ``state_dict()`` holds (DTensors, not full tensors) either loads
+    those values or refuses by key; it must not fail inside the broadcast naming none."""
+    model = _wrapped("fsdp2", world)
+    train(model, adam(model), steps=2)
+    expected = copy.deepcopy(dsd.get_model_state_dict(model, options=full_options()))
+    options = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    refusal = None
+    try:
+        dsd.set_model_state_dict(model, model.state_dict(), options=options)
+    except Exception as error:  # judged below by what it names
+        refusal = f"{type(error).__name__}: {error}"
+    if refusal is None:
+        loaded = dsd.get_model_state_dict(model, options=full_options())
+        assert_state_dict_equal(loaded, expected)
+    else:
+        named = [key for key in expected if key in refusal]
+        assert named, f"rank {world.rank}: {refusal} names no key"
