@@ -22,7 +22,10 @@ a dtype that can be converted: a load may instead convert it as
 the loaded values must equal the given ones. An error that does not name the key (such as
 pytorch#192224's ``TypeError`` for a flattened dict missing a parameter's state), a spoil
 accepted silently, or ranks that disagree on whether the load failed, is a failure that says
-which rank saw what. Each cell at its smallest world size above one and at 4.
+which rank saw what. Each cell at its smallest world size above one and at 4. The oracle is
+held to the same contract by its own test here (it refuses each spoil by key path before
+loading anything: ``reference_impl/_optim_input.py``); the FSDP1 + TP cell, which it does
+not model, is skipped there.
 """
 
 from __future__ import annotations
