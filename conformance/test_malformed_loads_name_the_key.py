@@ -85,8 +85,7 @@ class Editable:
         if self.flattened:
             self.given[f"state.{fqn}.{entry}"] = value
         else:
-            self.given["state"].setdefault(fqn, {})
-            self.given["state"][fqn] = {**self.given["state"][fqn], entry: value}
+            self.given["state"][fqn] = {**self.given["state"].get(fqn, {}), entry: value}
 
 
 @dataclass(frozen=True)
@@ -222,17 +221,19 @@ def _judge(api: Any, world: Any, cell: str, path: str, spoil: str) -> None:
     assert not wrong, f"{path} load of {bad.description}:\n" + "\n".join(wrong)
 
 
-@pytest.mark.world(2, 4, applies=_applies)
-@pytest.mark.parametrize("spoil", sorted(SPOILS))
-@pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+def _every_case(test: Callable[..., None]) -> Callable[..., None]:
+    """The cases both tests judge: each cell at its first size and 4, each path, each spoil."""
+    test = pytest.mark.parametrize("cell", sorted(PARALLELISMS))(test)
+    test = pytest.mark.parametrize("path", sorted(PATHS))(test)
+    test = pytest.mark.parametrize("spoil", sorted(SPOILS))(test)
+    return pytest.mark.world(2, 4, applies=_applies)(test)
+
+
+@_every_case
 def test_a_malformed_optimizer_load_names_the_key(world, cell, path, spoil):
     _judge(dsd, world, cell, path, spoil)
 
 
-@pytest.mark.world(2, 4, applies=_applies)
-@pytest.mark.parametrize("spoil", sorted(SPOILS))
-@pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("cell", sorted(PARALLELISMS))
+@_every_case
 def test_the_oracle_names_the_key_of_a_malformed_optimizer_load(world, cell, path, spoil):
     _judge(ri, world, cell, path, spoil)
