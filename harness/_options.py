@@ -13,6 +13,8 @@ from harness import devices
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
 DEFAULT_DEADLINE_FLOOR_S = 30.0
+DEFAULT_HASH_SEED = 1
+MAX_HASH_SEED = 2**31  # PYTHONHASHSEED takes up to 2**32 - 1; a rank's is the seed + its rank
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class WorldOptions:
     recorded_s: dict[str, float] = field(default_factory=dict)
     deadline_factor: float = DEFAULT_DEADLINE_FACTOR
     deadline_floor_s: float = DEFAULT_DEADLINE_FLOOR_S
+    hash_seed: int = DEFAULT_HASH_SEED
 
     def __post_init__(self) -> None:
         if self.sizes is not None and (not self.sizes or min(self.sizes) < 1):
@@ -41,6 +44,10 @@ class WorldOptions:
             raise pytest.UsageError(f"--max-worlds must be at least 1, got {self.max_worlds}")
         if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
             raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
+        if not 0 <= self.hash_seed < MAX_HASH_SEED:
+            raise pytest.UsageError(
+                f"--hash-seed takes 0 to {MAX_HASH_SEED - 1}, got {self.hash_seed}"
+            )
 
     def deadline_s(self, nodeid: str) -> float:
         """The deadline of a world test without a marker timeout of its own."""
@@ -69,6 +76,7 @@ class WorldOptions:
             recorded_s=_recorded_durations(config.getoption("world_deadlines")),
             deadline_factor=config.getoption("world_deadline_factor"),
             deadline_floor_s=config.getoption("world_deadline_floor"),
+            hash_seed=config.getoption("hash_seed"),
         )
 
 
@@ -159,6 +167,15 @@ def add_options(parser: pytest.Parser) -> None:
         default=1,
         metavar="N",
         help="how many worlds may be alive at once; the least recently used is closed (default: 1)",
+    )
+    group.addoption(
+        "--hash-seed",
+        type=int,
+        default=DEFAULT_HASH_SEED,
+        metavar="N",
+        help="spawned rank r runs with PYTHONHASHSEED=N+r: ranks order sets of strings "
+        "differently, as a launcher's processes do, and alike from run to run; under torchrun "
+        f"the launcher's environment decides (default: {DEFAULT_HASH_SEED})",
     )
     group.addoption(
         "--require-devices",

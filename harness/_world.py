@@ -55,6 +55,9 @@ class WorldSettings:
     verbosity: int = 0
     startup_timeout_s: float = 120.0
     pg_timeout_s: float = 1800.0
+    # Rank r runs with PYTHONHASHSEED = hash_seed + r: each rank orders sets of strings its own
+    # way, as the processes a launcher starts do, and the same way in every run.
+    hash_seed: int = 1
 
     def __post_init__(self) -> None:
         if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
@@ -164,6 +167,7 @@ class World:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env["PYTHONHASHSEED"] = str(self.settings.hash_seed + rank)
         # Loopback rendezvous, and no oversubscription of a small machine.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -101,6 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
             inifile=str(config.inipath) if config.inipath else None,
             verbosity=config.get_verbosity(),
             pg_timeout_s=2 * options.timeout_s + 60,
+            hash_seed=options.hash_seed,
         )
         session.pool = WorldPool(settings, max_alive=options.max_worlds)
     config.stash[_SESSION] = session

@@ -21,6 +21,7 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
         "test_context_fields[w1]",
         "test_context_fields[w2]",
         "test_context_fields[w4]",
+        "test_ranks_run_with_hash_seeds_of_their_own[w2]",
         "test_parametrized[w2-dtype0-3]",
         "test_parametrized[w2-dtype1-5]",
         "test_shared_tmp_path[w2]",
@@ -63,7 +64,7 @@ def test_failing_assert_shows_values_per_rank(features: InnerRun) -> None:
     assert "rank 1 failed, rank 0 passed" in message
     assert "assert {'rank': 1, 'ok': True} == {'rank': 0, 'ok': True}" in message
     assert "{'rank': 1} != {'rank': 0}" in message  # pytest's own comparison explanation
-    assert "inner_plugin.py:40: AssertionError" in message
+    assert "inner_plugin.py:41: AssertionError" in message
 
 
 def test_captured_output_is_labelled_by_rank(features: InnerRun) -> None:
@@ -151,6 +152,7 @@ def test_world_sizes_option_deselects_other_sizes(pytester: pytest.Pytester) -> 
         (["--world-sizes", "0"], "--world-sizes needs positive sizes"),
         (["--world-timeout", "0"], "--world-timeout must be positive"),
         (["--max-worlds", "0"], "--max-worlds must be at least 1"),
+        (["--hash-seed", "-1"], "--hash-seed takes 0 to 2147483647, got -1"),
     ],
 )
 def test_bad_options_are_usage_errors(

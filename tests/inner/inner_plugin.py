@@ -1,5 +1,6 @@
 """The world plugin's features, as a test author uses them."""
 
+import os
 import time
 
 import pytest
@@ -112,3 +113,15 @@ def test_plain():
 @pytest.mark.timeout(1)
 def test_plain_guarded_by_pytest_timeout():
     time.sleep(30)
+
+
+@pytest.mark.world(2)
+def test_ranks_run_with_hash_seeds_of_their_own(world):
+    # The default --hash-seed 1: rank r runs with PYTHONHASHSEED 1 + r, so the ranks order a
+    # set of names each its own way, as a launcher's processes would.
+    seeds = [None] * world.size
+    dist.all_gather_object(seeds, os.environ.get("PYTHONHASHSEED"))
+    assert seeds == ["1", "2"]
+    orders = [None] * world.size
+    dist.all_gather_object(orders, list({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}))
+    assert orders[0] != orders[1]
