@@ -104,9 +104,15 @@ def _same(a: Any, b: Any) -> bool:
             and isinstance(b, torch.Tensor)
             and a.dtype == b.dtype
             and a.shape == b.shape
-            and bool(torch.equal(a, b))
+            and bool(torch.equal(_bits(a), _bits(b)))
         )
     return bool(a == b)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes: equal where the values are bit for bit, so a NaN equals itself (a
+    load that leaves a NaN as it was changed nothing) and -0.0 differs from 0.0."""
+    return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
 def differences(
