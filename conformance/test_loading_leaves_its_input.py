@@ -5,16 +5,21 @@ load left, not against the oracle. Every set and load API reads the state dict i
 after the load that dict is as the caller made it (the same keys and containers, every value
 bit for bit), and loading the same dict again leaves the model (each parameter's local
 values, the buffers) and the optimizer (state and hyper-parameters) exactly as the first load
-did. The loads, by family (one test per cell and family, each load of the family in turn):
+did. The second load is given an identical copy, so that it is judged apart from what the
+first did to its input.
+
+The loads, by family (one test per cell and family, each load of the family in turn):
 ``set_model_state_dict`` and ``set_optimizer_state_dict`` with each option (sharded, full,
-not strict for the model, flattened for the optimizer); ``set_state_dict`` sharded and with
-all of them at once;
-``nn.Module.load_state_dict``; on FSDP1 cells, ``load_state_dict`` under each state-dict type
-every rank loads (LOCAL not on ``use_orig_params`` cells, which refuse their own local state
-dict: see test_fsdp1_model_state's manifest entries), ``optim_state_dict_to_load`` under each,
-and the legacy ``shard_full_optim_state_dict``, ``scatter_full_optim_state_dict`` and
-``flatten_sharded_optim_state_dict``. Each cell at its smallest world size above one and at
-4; each input is read after two Adam steps, and one more step comes before each load.
+not strict for the model, flattened for the optimizer, and ``broadcast_from_rank0``, where
+rank 0 alone passes the full dict and the others an empty one); ``set_state_dict`` sharded
+and with not strict, full and flattened at once, and, as a family of its own, broadcast from
+rank 0; ``nn.Module.load_state_dict``; on FSDP1 cells, ``load_state_dict`` under each
+state-dict type every rank loads (LOCAL not on ``use_orig_params`` cells, which refuse their
+own local state dict: see test_fsdp1_model_state's manifest entries),
+``optim_state_dict_to_load`` under each, and the legacy ``shard_full_optim_state_dict``,
+``scatter_full_optim_state_dict`` and ``flatten_sharded_optim_state_dict``. Each cell at its
+smallest world size above one and at 4; each input is read after two Adam steps, and one
+more step comes before each load.
 
 A failure names every load of the family that broke the contract: the first key paths where
 its input changed, with both values, or where its second load left another state than the
@@ -58,33 +63,52 @@ class Load:
     load: Callable[[Model, Optimizer, Any], None]
 
 
-def _dsd_options(label: str) -> Any:
-    options = {
-        "sharded": {},
-        "full": {"full_state_dict": True},
-        "not_strict": {"strict": False},
-        "flattened": {"flatten_optimizer_state_dict": True},
-        "every_option": {
-            "full_state_dict": True,
-            "strict": False,
-            "flatten_optimizer_state_dict": True,
-        },
-    }[label]
+_DSD_OPTIONS: dict[str, dict[str, bool]] = {
+    "sharded": {},
+    "full": {"full_state_dict": True},
+    "not_strict": {"strict": False},
+    "flattened": {"flatten_optimizer_state_dict": True},
+    "broadcast": {"full_state_dict": True, "broadcast_from_rank0": True},
+    "every_option": {
+        "full_state_dict": True,
+        "strict": False,
+        "flatten_optimizer_state_dict": True,
+    },
+}
+
+
+def _dsd_options(label: str, *, reading: bool = False) -> Any:
+    """The options of ``label``; a read leaves out ``broadcast_from_rank0``, which only loads
+    take."""
+    options = dict(_DSD_OPTIONS[label])
+    if reading:
+        options.pop("broadcast_from_rank0", None)
     return dsd.StateDictOptions(**options)
 
 
 def _dsd_family(
-    name: str, labels: tuple[str, ...], read: Callable[..., Any], load: Callable[..., Any]
+    name: str,
+    labels: tuple[str, ...],
+    read: Callable[..., Any],
+    load: Callable[..., Any],
+    nothing: Any,
 ) -> Callable[[Parallelism], list[Load]]:
     """A setter of ``torch.distributed.checkpoint.state_dict`` under each option set of
-    ``labels``: its input is what the matching getter gives with the same options.
+    ``labels``: its input is what the matching getter gives with the same options, and under
+    ``broadcast`` on rank 0 alone (the others pass ``nothing``, empty, as a user would).
     ``read(model, optimizer, options)``; ``load(model, optimizer, given, options)``."""
+
+    def held(label: str, rank: int, read_now: Callable[[], Any]) -> Any:
+        given = read_now()  # on every rank: a full read is a collective
+        return nothing if label == "broadcast" and rank != 0 else given
 
     def loads(_: Parallelism) -> list[Load]:
         return [
             Load(
                 f"{name}({label})",
-                lambda m, opt, _, label=label: read(m, opt, _dsd_options(label)),
+                lambda m, opt, rank, label=label: held(
+                    label, rank, lambda: read(m, opt, _dsd_options(label, reading=True))
+                ),
                 lambda m, opt, given, label=label: load(m, opt, given, _dsd_options(label)),
             )
             for label in labels
@@ -95,24 +119,36 @@ def _dsd_family(
 
 _model_loads = _dsd_family(
     "set_model_state_dict",
-    ("sharded", "full", "not_strict"),
+    ("sharded", "full", "not_strict", "broadcast"),
     lambda m, _, o: dsd.get_model_state_dict(m, options=o),
     lambda m, _, given, o: dsd.set_model_state_dict(m, given, options=o),
+    nothing={},
 )
 _optimizer_loads = _dsd_family(
     "set_optimizer_state_dict",
-    ("sharded", "full", "flattened"),
+    ("sharded", "full", "flattened", "broadcast"),
     lambda m, opt, o: dsd.get_optimizer_state_dict(m, opt, options=o),
     lambda m, opt, given, o: dsd.set_optimizer_state_dict(m, opt, given, options=o),
+    nothing={},
 )
-_state_loads = _dsd_family(
-    "set_state_dict",
-    ("sharded", "every_option"),
-    lambda m, opt, o: dsd.get_state_dict(m, opt, options=o),
-    lambda m, opt, given, o: dsd.set_state_dict(
-        m, opt, model_state_dict=given[0], optim_state_dict=given[1], options=o
-    ),
-)
+
+
+def _state_family(labels: tuple[str, ...]) -> Callable[[Parallelism], list[Load]]:
+    return _dsd_family(
+        "set_state_dict",
+        labels,
+        lambda m, opt, o: dsd.get_state_dict(m, opt, options=o),
+        lambda m, opt, given, o: dsd.set_state_dict(
+            m, opt, model_state_dict=given[0], optim_state_dict=given[1], options=o
+        ),
+        nothing=({}, {}),
+    )
+
+
+_state_loads = _state_family(("sharded", "every_option"))
+# A family of its own: releases where its empty dicts hang (test_upstream_failures's
+# test_broadcast_from_rank0_with_empty_dicts_on_other_ranks) skip it alone.
+_state_broadcast_loads = _state_family(("broadcast",))
 
 
 def _module_loads(_: Parallelism) -> list[Load]:
@@ -183,6 +219,7 @@ EVERY_CELL: dict[str, Family] = {
     "set_model_state_dict": _model_loads,
     "set_optimizer_state_dict": _optimizer_loads,
     "set_state_dict": _state_loads,
+    "set_state_dict_broadcast": _state_broadcast_loads,
 }
 FAMILIES: dict[str, tuple[Family, Callable[[Parallelism], bool]]] = {
     **{name: (family, lambda _: True) for name, family in EVERY_CELL.items()},
@@ -200,10 +237,14 @@ def _applies(size: int, **params: Any) -> bool:
 
 def _broken(load: Load, model: Model, optimizer: Optimizer, rank: int, step: int) -> list[str]:
     """What ``load`` broke: it reads an input taken now, one more step is trained, it loads
-    the input twice. Every rank makes both loads whatever it finds, as their collectives
-    need."""
+    the input, then an identical copy of it again. The second load takes the copy so that it
+    judges idempotence alone: a load that changed its input is reported for that, not also
+    for what the changed input then does (a broadcast load whose input became DTensors would
+    hang in its second broadcast, pytorch#164843). Every rank makes both loads whatever it
+    finds, as their collectives need."""
     # A copy, as a checkpoint holds it: what a read gives may alias the model's own tensors.
     given = copy.deepcopy(load.read(model, optimizer, rank))
+    again = copy.deepcopy(given)
     as_given = tree_leaves(given)
     train(model, optimizer, steps=1, start=step)
     with quiet_deprecations():
@@ -211,7 +252,7 @@ def _broken(load: Load, model: Model, optimizer: Optimizer, rank: int, step: int
     once = snapshot(model, optimizer, None)
     changed = differences(tree_leaves(given), as_given, ("after the load", "as given"))
     with quiet_deprecations():
-        load.load(model, optimizer, given)
+        load.load(model, optimizer, again)
     twice = differences(snapshot(model, optimizer, None), once, ("loaded twice", "loaded once"))
     broken = []
     if changed:
