@@ -6,9 +6,9 @@ reason; a crash or hang is cut by the harness's deadline and reported with
 every rank's stack.
 
 Each failure upstream has had (pytorch#136228, #157781, #138842 under NCCL, #128011,
-#192225, #192202, #158519, #124546, #128444, #164843, PR #128004) and each real failure of torch
-2.13.0 on CPU, as a test of the correct behaviour. A hang is cut at 30 s and reported with
-every rank's stack; a segfault with its signal.
+#192225, #192202, #158519, #124546, #128444, #164843, #126310, PR #128004) and each real
+failure of torch 2.13.0 on CPU, as a test of the correct behaviour. A hang is cut at 30 s and
+reported with every rank's stack; a segfault with its signal.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._fsdp1 import torch_model_state_dict
 from conformance._optimizers import adam, sgd
 from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import (
@@ -36,6 +37,7 @@ from conformance._upstream import (
     sdu,
     sharded_tensor,
 )
+from conformance.models import fsdp1_small as small
 from conformance.models.common import ground_truth, seeded_mlp, seeded_tied, tokens, train
 
 HANG_DEADLINE_S = 30  # a correct build takes well under a second here
@@ -244,6 +246,31 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
 
 
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("use_orig_params", [True, False], ids=["orig", "flat"])
+def test_aliased_submodules_keep_every_name_in_full_state_dicts(world, use_orig_params):
+    """pytorch#126310: a model that reaches one submodule by two names (``net3`` is ``net2``),
+    FSDP1 FULL_SHARD, trained two steps. FSDP1's full state dict and ``get_model_state_dict``'s
+    equal the single-process model's, with the shared layer under both names, and
+    ``get_model_state_dict`` of the submodule ``net2`` alone equals ``net2.state_dict()``.
+    (A ``state_dict()`` called on a module inside an FSDP1 wrapper, as the issue does, is not
+    FSDP1's API: it gives the module's sharded views, or nothing under flat parameters.)"""
+    inputs = small.seeded_batch(8)
+    plain = small.SharedModuleAndParameter()
+    train(plain, adam(plain), steps=2, inputs=inputs)
+    model = small.fsdp1(
+        small.SharedModuleAndParameter(), world.device, use_orig_params=use_orig_params
+    )
+    train(model, adam(model), steps=2, inputs=inputs)
+    assert_state_dict_equal(torch_model_state_dict(model, "full"), plain.state_dict())
+    assert_state_dict_equal(
+        dsd.get_model_state_dict(model, options=full_options()), plain.state_dict()
+    )
+    submodule_only = dsd.StateDictOptions(full_state_dict=True, keep_submodule_prefixes=False)
+    net2 = dsd.get_model_state_dict(model, submodules={model.module.net2}, options=submodule_only)
+    assert_state_dict_equal(net2, plain.net2.state_dict())
 
 
 @pytest.mark.world(4)
