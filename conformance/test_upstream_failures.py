@@ -245,6 +245,28 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
     assert_state_dict_equal(state, ground_truth(steps=3).optimizer_state)
 
 
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("name", ["fsdp1_full_shard_flat", "fsdp1_no_shard_flat"])
+def test_flattened_optimizer_load_of_flat_fsdp1_restores_the_saved_state(world, name):
+    """A run resumes from a flattened optimizer state dict of FSDP1 without
+    ``use_orig_params``, trains a step, and goes back to the same checkpoint: its optimizer
+    then holds the single-process state of the checkpoint. Each rank orders a set of names by
+    its own hash seed, as the processes a launcher starts do (the harness gives rank r
+    ``PYTHONHASHSEED`` = ``--hash-seed`` + r); the loads must not depend on that order."""
+    flattened = dsd.StateDictOptions(flatten_optimizer_state_dict=True)
+    source = _wrapped(name, world)
+    source_optimizer = adam(source)
+    train(source, source_optimizer, steps=2)
+    saved = copy.deepcopy(dsd.get_optimizer_state_dict(source, source_optimizer, options=flattened))
+    target = _wrapped(name, world)
+    target_optimizer = adam(target)
+    dsd.set_optimizer_state_dict(target, target_optimizer, copy.deepcopy(saved), options=flattened)
+    train(target, target_optimizer, steps=1, start=2)
+    dsd.set_optimizer_state_dict(target, target_optimizer, saved, options=flattened)
+    state = dsd.get_optimizer_state_dict(target, target_optimizer, options=full_options())["state"]
+    assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
+
+
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
 
 
