@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import devices
+from harness import _env, devices
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
 DEFAULT_DEADLINE_FLOOR_S = 30.0
-DEFAULT_HASH_SEED = 1
 MAX_HASH_SEED = 2**31  # PYTHONHASHSEED takes up to 2**32 - 1; a rank's is the seed + its rank
 
 
@@ -33,7 +32,7 @@ class WorldOptions:
     recorded_s: dict[str, float] = field(default_factory=dict)
     deadline_factor: float = DEFAULT_DEADLINE_FACTOR
     deadline_floor_s: float = DEFAULT_DEADLINE_FLOOR_S
-    hash_seed: int = DEFAULT_HASH_SEED
+    hash_seed: int = _env.DEFAULT_HASH_SEED
 
     def __post_init__(self) -> None:
         if self.sizes is not None and (not self.sizes or min(self.sizes) < 1):
@@ -171,11 +170,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--hash-seed",
         type=int,
-        default=DEFAULT_HASH_SEED,
+        default=_env.DEFAULT_HASH_SEED,
         metavar="N",
         help="spawned rank r runs with PYTHONHASHSEED=N+r: ranks order sets of strings "
         "differently, as a launcher's processes do, and alike from run to run; under torchrun "
-        f"the launcher's environment decides (default: {DEFAULT_HASH_SEED})",
+        f"the launcher's environment decides (default: {_env.DEFAULT_HASH_SEED})",
     )
     group.addoption(
         "--require-devices",

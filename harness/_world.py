@@ -57,7 +57,7 @@ class WorldSettings:
     pg_timeout_s: float = 1800.0
     # Rank r runs with PYTHONHASHSEED = hash_seed + r: each rank orders sets of strings its own
     # way, as the processes a launcher starts do, and the same way in every run.
-    hash_seed: int = 1
+    hash_seed: int = _env.DEFAULT_HASH_SEED
 
     def __post_init__(self) -> None:
         if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
