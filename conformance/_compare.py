@@ -73,6 +73,40 @@ def assert_no_state_tensors_overlap(state: Mapping[str, Mapping[str, Any]]) -> N
                 seen.setdefault(storage, []).append((first, last, f"{key}.{name}"))
 
 
+def local_tensors_by_path(tree: Any) -> list[tuple[str, torch.Tensor]]:
+    """Each tensor ``tree`` holds on this rank (a DTensor's local tensor, a ShardedTensor's
+    local shards), by key path."""
+    found = []
+    for path, value in _leaves(tree):
+        tensors = _local_tensors(value)
+        for index, tensor in enumerate(tensors):
+            found.append((path if len(tensors) == 1 else f"{path}<shard {index}>", tensor))
+    return found
+
+
+def memory_shared_with(tree: Any, other: Any) -> list[str]:
+    """The key paths of ``tree`` whose tensors (local pieces on this rank) share memory with a
+    tensor of ``other``: empty where ``tree`` lies in memory of its own."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for _, tensor in local_tensors_by_path(other):
+        storage, first, last = _byte_span(tensor)
+        spans.setdefault(storage, []).append((first, last))
+    found = []
+    for path, tensor in local_tensors_by_path(tree):
+        storage, first, last = _byte_span(tensor)
+        if any(a < last and first < b for a, b in spans.get(storage, [])):
+            found.append(path)
+    return found
+
+
+def _leaves(tree: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(tree, Mapping):
+        return [leaf for key, value in tree.items() for leaf in _leaves(value, f"{path}.{key}")]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for i, value in enumerate(tree) for leaf in _leaves(value, f"{path}[{i}]")]
+    return [(path.lstrip("."), tree)]
+
+
 def _local_tensors(value: Any) -> list[torch.Tensor]:
     """The tensors a state value holds on this rank (none for non-tensors)."""
     if isinstance(value, sharded_tensor.ShardedTensor):

@@ -16,9 +16,11 @@ from conformance._upstream import dcp, dsd
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-def _dcp_state(
+def training_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
 ) -> dict[str, Any]:
+    """What a training loop checkpoints: ``get_state_dict``'s model and optimizer state (the
+    shapes DCP saves and loads into) and the scheduler's state."""
     model_state, optim_state = dsd.get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     if scheduler is not None:
@@ -36,7 +38,7 @@ def save_checkpoint(
 ) -> None:
     """Save the model's, optimizer's and scheduler's state under ``path`` (``kwargs`` go to
     ``dcp.save``)."""
-    dcp.save(_dcp_state(model, optimizer, scheduler), checkpoint_id=path, **kwargs)
+    dcp.save(training_state(model, optimizer, scheduler), checkpoint_id=path, **kwargs)
 
 
 def load_checkpoint(
@@ -48,7 +50,7 @@ def load_checkpoint(
     **kwargs: Any,
 ) -> None:
     """Load ``path`` into the model, optimizer and scheduler (``kwargs`` go to ``dcp.load``)."""
-    state = _dcp_state(model, optimizer, scheduler)
+    state = training_state(model, optimizer, scheduler)
     dcp.load(state, checkpoint_id=path, **kwargs)
     dsd.set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

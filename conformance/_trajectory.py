@@ -115,24 +115,28 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
+def differing_keys(actual: Snapshot, expected: Snapshot) -> list[str]:
+    """Every key where two snapshots differ (absent on one side, or not bit-identical)."""
+    return [
+        key
+        for key in sorted(set(actual) | set(expected))
+        if key not in actual or key not in expected or not _same(actual[key], expected[key])
+    ]
+
+
+def _shown_at(snapshot: Snapshot, key: str) -> str:
+    return _shown(snapshot[key]) if key in snapshot else "absent"
+
+
 def differences(
     actual: Snapshot, expected: Snapshot, labels: tuple[str, str], limit: int = 3
 ) -> list[str]:
     """The first ``limit`` keys where two snapshots differ, each with both values; empty when
     they are bit-identical. ``labels`` name the two sides in the messages."""
-    found = []
-    for key in sorted(set(actual) | set(expected)):
-        if key not in expected:
-            found.append(f"{key}: absent {labels[1]}, {_shown(actual[key])} {labels[0]}")
-        elif key not in actual:
-            found.append(f"{key}: {_shown(expected[key])} {labels[1]}, absent {labels[0]}")
-        elif not _same(actual[key], expected[key]):
-            found.append(
-                f"{key}: {_shown(actual[key])} {labels[0]}, {_shown(expected[key])} {labels[1]}"
-            )
-        if len(found) == limit:
-            break
-    return found
+    return [
+        f"{key}: {_shown_at(actual, key)} {labels[0]}, {_shown_at(expected, key)} {labels[1]}"
+        for key in differing_keys(actual, expected)[:limit]
+    ]
 
 
 def first_parting(

@@ -136,7 +136,18 @@ dsd = TorchModule(
         "set_state_dict",
     ),
 )
-dcp = TorchModule("torch.distributed.checkpoint", ("save", "load"))
+dcp = TorchModule(
+    "torch.distributed.checkpoint",
+    ("save", "load", "async_save", "FileSystemWriter", "CheckpointException"),
+)
+dcp_saver = TorchModule(
+    "torch.distributed.checkpoint.state_dict_saver", ("AsyncCheckpointerType", "AsyncSaveResponse")
+)
+dcp_staging = TorchModule(
+    "torch.distributed.checkpoint.staging",
+    ("BlockingAsyncStager", "DefaultStager", "StagingOptions"),
+)
+dcp_formats = TorchModule("torch.distributed.checkpoint.format_utils", ("dcp_to_torch_save",))
 fsdp = TorchModule(
     "torch.distributed.fsdp",
     (
@@ -195,6 +206,9 @@ MODULES: tuple[TorchModule, ...] = (
     sdu,
     dsd,
     dcp,
+    dcp_saver,
+    dcp_staging,
+    dcp_formats,
     fsdp,
     fsdp_wrap,
     dtensor,

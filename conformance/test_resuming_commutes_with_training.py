@@ -26,29 +26,19 @@ from typing import Any
 
 import pytest
 
-from conformance._compare import assert_state_dict_equal
-from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._dcp import save_checkpoint
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import (
-    PARALLELISMS,
-    Parallelism,
-    comparison_tolerance,
-    first_size_and_four,
-)
-from conformance._subworld import SubWorld
+from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
+from conformance._resume import MORE_STEPS, resume, resume_on_the_first_ranks
 from conformance._trajectory import (
-    Training,
     first_parting,
     fresh_training,
     plain_trajectory,
     train_observed,
     unobserved,
 )
-from conformance._upstream import dsd, full_options
-from conformance.models.common import ground_truth, seeded_mlp
 from conformance.models.zoo import MODELS
 
-MORE_STEPS = 2
 SAVED_AT = {"before_first_step": 0, "after_2_steps": 2}  # by test id: the steps before saving
 RECIPES = ("adam", "adamw", "sgd_momentum", "adamw_step_lr")
 LABELS = ("resumed", "never stopped")
@@ -72,19 +62,6 @@ def _checkpoint_after(
     return path
 
 
-def _resumed(
-    training: Training, path: str, start: int, model_id: str, **load: Any
-) -> list[dict[str, Any]]:
-    """Load ``path`` into ``training``'s fresh objects, then train ``MORE_STEPS`` on the
-    inputs that follow step ``start``: a snapshot after each step."""
-    model, optimizer, scheduler = training
-    load_checkpoint(model, optimizer, path, scheduler=scheduler, **load)
-    inputs = MODELS[model_id].inputs
-    return train_observed(
-        model, optimizer, scheduler, MORE_STEPS, unobserved, lambda step: inputs(start + step)
-    )
-
-
 def _assert_resumes_as_never_stopped(
     world: Any, cell_name: str, recipe: str, saved: str, model_id: str = "mlp"
 ) -> None:
@@ -93,7 +70,7 @@ def _assert_resumes_as_never_stopped(
     plain = plain_trajectory(cell, world, recipe, start + MORE_STEPS, model_id)
     path = _checkpoint_after(start, cell, world, recipe, model_id)
     fresh = fresh_training(cell, world, recipe, model_id)
-    resumed = _resumed(fresh, path, start, model_id)
+    resumed = resume(fresh, path, start, model_id)
     parted = first_parting(resumed, plain[start:], LABELS)
     assert parted is None, (
         f"saved after {start} steps, loaded into fresh objects and trained {MORE_STEPS} more, "
@@ -136,27 +113,6 @@ RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
 SAVED_STEPS = 2
 
 
-def _training_in(name: str, world: Any, recipe: str) -> Training:
-    """Fresh objects in the cell ``name``, or on one process alone (``single``)."""
-    if name == "single":
-        model = seeded_mlp()
-        return (model, *OPTIMIZERS[recipe].build(model))
-    return fresh_training(PARALLELISMS[name], world, recipe)
-
-
-def _assert_full_state_is_single_process(
-    training: Training, steps: int, recipe: str, **tolerance: float
-) -> None:
-    model, optimizer, _ = training
-    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
-    expected = ground_truth(steps, OPTIMIZERS[recipe])
-    assert_state_dict_equal(model_state, expected.model, **tolerance)
-    assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
-    groups = {str(index): group for index, group in enumerate(optim_state["param_groups"])}
-    expected_groups = {str(index): group for index, group in enumerate(expected.param_groups)}
-    assert_state_dict_equal(groups, expected_groups)
-
-
 @pytest.mark.world(4)
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize(("saved_by", "resumed_by", "size"), RESHARDS)
@@ -170,19 +126,4 @@ def test_resuming_under_another_cell_trains_as_one_process(
         cell.skip_unless_runnable(world.device)
     path = _checkpoint_after(SAVED_STEPS, PARALLELISMS[saved_by], world, recipe)
     world.barrier()
-    resumers: Any = world
-    load: dict[str, Any] = {}
-    if size < world.size:
-        resumers = SubWorld(world, size)
-        if not resumers.member:
-            world.barrier()
-            return
-        load = {"no_dist": True} if size == 1 else {"process_group": resumers.group}
-    try:
-        training = _training_in(resumed_by, resumers, recipe)
-        _resumed(training, path, SAVED_STEPS, "mlp", **load)
-        _assert_full_state_is_single_process(
-            training, SAVED_STEPS + MORE_STEPS, recipe, **comparison_tolerance(*cells)
-        )
-    finally:
-        world.barrier()
+    resume_on_the_first_ranks(world, size, (saved_by, resumed_by), path, SAVED_STEPS, recipe)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +12,13 @@ from harness.devices import CPU
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass
+class AfterTest:
+    """What a test asks of the harness for the time after it, on this rank."""
+
+    respawn: bool = False  # the next test gets a fresh world
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class WorldContext:
     local_rank: int
     shared_dir: Path  # created on first use of ``tmp_path``
     launcher: str  # "spawn" or "torchrun"
+    after_test: AfterTest = field(default_factory=AfterTest)
 
     @property
     def tmp_path(self) -> Path:
@@ -75,6 +83,16 @@ class WorldContext:
         if names is not None and len(names) != len(dims):
             raise ValueError(f"mesh shape {dims} has {len(dims)} dims but {len(names)} names")
         return init_device_mesh(self.device_type, dims, mesh_dim_names=names)
+
+    def respawn_after_test(self) -> bool:
+        """Ask for a fresh world for the next test, because this one leaves its rank
+        processes unfit to run another (it killed a process they started, say); return
+        whether it will be given. Under torchrun, whose ranks cannot be respawned, it will
+        not: a test that must leave a fresh world behind skips there."""
+        if self.launcher == "torchrun":
+            return False
+        self.after_test.respawn = True
+        return True
 
     def barrier(self) -> None:
         """Wait until every rank of the world reaches this point."""

@@ -62,7 +62,8 @@ class RankResult:
     ``pg_count`` is the rank's process-group counter after cleanup;
     ``world_collectives`` the default group's collective sequence number (None
     where the backend does not count). The controller keeps the world only
-    when ranks agree on them: see ``WorldOutcome.world_is_reusable``.
+    when ranks agree on them, and no rank asked for a fresh one (``respawn``): see
+    ``WorldOutcome.world_is_reusable``.
     """
 
     rank: int
@@ -72,6 +73,7 @@ class RankResult:
     world_collectives: int | None = None
     headline: str = ""  # the exception in a few lines, for reports; longrepr has the rest
     captured: dict[str, str] = field(default_factory=dict)  # stream -> what the test wrote
+    respawn: bool = False  # the test asked for a fresh world after it (respawn_after_test)
 
 
 @dataclass(frozen=True)

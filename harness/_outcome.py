@@ -70,14 +70,17 @@ class WorldOutcome:
     def world_is_reusable(self) -> bool:
         """True when the next test can run in this world as in a fresh one.
 
-        Every rank must have ended the same way and made the same process groups. A failure
-        keeps the world only in a CPU world (a device error may poison the process) and only
-        when every rank failed after the same number of collectives on the default group:
-        a rank that stopped short would leave data in flight for the next test.
+        Every rank must have ended the same way and made the same process groups, and no
+        rank asked for a fresh world. A failure keeps the world only in a CPU world (a device
+        error may poison the process) and only when every rank failed after the same number
+        of collectives on the default group: a rank that stopped short would leave data in
+        flight for the next test.
         """
         results = [self.results[r] for r in self.ranks]
         statuses = {result.status for result in results}
         if len(results) < self.spec.size or len(statuses) != 1:
+            return False
+        if any(result.respawn for result in results):
             return False
         status = statuses.pop()
         if status in (outcomes.CRASHED, outcomes.HUNG):

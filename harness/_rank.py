@@ -191,6 +191,7 @@ class RankLoop:
             world_collectives=_world_collectives(),
             headline=headline,
             captured=self.capture.captured(),
+            respawn=world.after_test.respawn,
         )
 
 

@@ -81,6 +81,40 @@ def test_local_mutants_misbehave_as_named():
     """)
 
 
+def test_async_checkpointing_mutants_misbehave_as_named():
+    """The stagers' and the thread checkpointer's mutants, called directly."""
+    _python("""
+        import torch
+        from torch.distributed.checkpoint import _async_thread_executor as executor
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
+        from ci.mutation.mutants import apply, catalogue
+
+        mutants = catalogue()
+        live = {"w": torch.ones(2)}
+        kept = StateDictStager()
+        kept.stage(live)
+        apply(mutants["kept_stager_skips_the_copy_after_the_first_save"])
+        live["w"].add_(1)
+        assert kept.stage(live)["w"].tolist() == [1.0, 1.0]  # the first save's values
+
+        apply(mutants["stager_returns_the_live_state"])
+        assert StateDictStager().stage(live)["w"] is live["w"]
+
+        apply(mutants["blocking_stager_offloads_without_copying"])
+        assert BlockingAsyncStager().stage(live)["w"] is live["w"]
+
+        try:
+            executor.save_wrapper({}, checkpoint_id=None, no_dist=True)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("a save with nowhere to write must fail")
+        apply(mutants["async_save_failure_swallowed"])
+        assert executor.save_wrapper({}, checkpoint_id=None, no_dist=True) is None
+    """)
+
+
 def _mutation_run(tmp_path: Path, mutant: str, test: str) -> dict[str, object]:
     out = tmp_path / mutant
     done = subprocess.run(

@@ -81,6 +81,11 @@ def test_world_reuse_needs_clean_agreeing_ranks(
     assert outcome(*statuses, pg_counts=pg_counts).world_is_reusable is reusable
 
 
+def test_a_rank_that_asks_for_a_fresh_world_gets_one() -> None:
+    asked = {r: RankResult(rank=r, status="passed", respawn=r == 2) for r in range(3)}
+    assert not WorldOutcome(spec=SPEC, results=asked).world_is_reusable
+
+
 def failed_everywhere(
     collectives: tuple[int | None, ...], device_type: str = "cpu"
 ) -> WorldOutcome:

@@ -34,20 +34,22 @@ def new_pool(pools: list[WorldPool], max_alive: int) -> WorldPool:
     return pool
 
 
-def run(pool: WorldPool, spec: WorldSpec, tmp_path: Path) -> dict[int, int]:
-    """Run the pid-reporting body; return each rank's pid."""
-    return run_with_notes(pool, spec, tmp_path)[0]
+def run(
+    pool: WorldPool, spec: WorldSpec, tmp_path: Path, body: str = "test_report_pid"
+) -> dict[int, int]:
+    """Run a pid-reporting body; return each rank's pid."""
+    return run_with_notes(pool, spec, tmp_path, body)[0]
 
 
 def run_with_notes(
-    pool: WorldPool, spec: WorldSpec, tmp_path: Path
+    pool: WorldPool, spec: WorldSpec, tmp_path: Path, body: str = "test_report_pid"
 ) -> tuple[dict[int, int], list[str]]:
-    """Run the pid-reporting body; return each rank's pid and the outcome's notes."""
+    """Run a pid-reporting body; return each rank's pid and the outcome's notes."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     request = TestRequest(
         module_name="inner_pool_bodies",
         module_path=str(BODIES),
-        qualname="test_report_pid",
+        qualname=body,
         params={},
         tmp_path=str(tmp_path),
         timeout_s=60,
@@ -111,6 +113,18 @@ def test_rank_dying_between_tests_is_noticed_and_the_world_respawned(
     assert notes == [
         "the world was respawned: between tests rank 1 killed by SIGKILL (exit status -9)"
     ]
+
+
+def test_a_test_that_asks_for_a_fresh_world_leaves_the_next_one_a_new_world(
+    pool_factory: list[WorldPool], tmp_path: Path
+) -> None:
+    pool = new_pool(pool_factory, max_alive=1)
+    first = run(pool, TWO, tmp_path / "a")
+    asking = run(pool, TWO, tmp_path / "b", body="test_ask_for_a_fresh_world")
+    assert asking == first  # it ran in the world it found
+    after = run(pool, TWO, tmp_path / "c")
+    assert set(after.values()).isdisjoint(asking.values())
+    assert pool.spawned == 2
 
 
 def test_max_alive_must_be_positive() -> None:

@@ -11,3 +11,8 @@ def test_report_pid(world):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == world.size
+
+
+def test_ask_for_a_fresh_world(world):
+    assert world.respawn_after_test()
+    test_report_pid(world)

@@ -1,7 +1,7 @@
 """A catalogue of small, plausible bugs in torch's state-dict code, and how to apply one.
 
-A mutant replaces one function of one upstream module with a wrapper that
-misbehaves in one named way. ``apply`` installs it wherever torch's modules
+A mutant replaces one function (or one method of a class) of one upstream module with a
+wrapper that misbehaves in one named way. ``apply`` installs it wherever torch's modules
 hold the original (``from x import f`` copies included), so the suite runs
 unchanged against the broken build. ``ci.mutation.mutants.activate`` applies the
 mutant ``GATE_MUTANT`` names at a rank's start-up; ``ci.mutation`` runs the
@@ -21,12 +21,18 @@ STATE_DICT_UTILS = "torch.distributed._state_dict_utils"
 CHECKPOINT_STATE_DICT = "torch.distributed.checkpoint.state_dict"
 FSDP_OPTIM_UTILS = "torch.distributed.fsdp._optim_utils"
 FSDP_STATE_DICT_UTILS = "torch.distributed.fsdp._state_dict_utils"
-UPSTREAM_MODULES = (
+MODELLED_MODULES = (
     STATE_DICT_UTILS,
     CHECKPOINT_STATE_DICT,
     FSDP_OPTIM_UTILS,
     FSDP_STATE_DICT_UTILS,
 )
+# Asynchronous checkpointing, built on the modelled utilities: its stagers and checkpointers.
+STAGER = "torch.distributed.checkpoint._state_dict_stager"
+STAGING = "torch.distributed.checkpoint.staging"
+THREAD_CHECKPOINTER = "torch.distributed.checkpoint._async_thread_executor"
+ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER)
+UPSTREAM_MODULES = (*MODELLED_MODULES, *ASYNC_MODULES)
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -35,7 +41,8 @@ Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
 class Mutant:
     """One bug: ``mutate`` turns ``upstream.target`` into its broken replacement.
 
-    ``tests`` are tried first (the tests most likely to see the bug);
+    ``target`` is a function of the module, or ``Class.method``; ``tests`` are tried first
+    (the tests most likely to see the bug);
     ``everywhere`` False patches ``upstream`` alone, for a helper other
     modules also use for other purposes. ``equivalent`` says why no test
     can observe the bug on the worlds the gate runs, where that is so.
@@ -52,7 +59,7 @@ class Mutant:
 
     def __post_init__(self) -> None:
         if self.upstream not in UPSTREAM_MODULES:
-            raise ValueError(f"{self.name}: {self.upstream} is not a module the oracle models")
+            raise ValueError(f"{self.name}: {self.upstream} is not a module the suite judges")
         if not self.name.isidentifier():
             raise ValueError(f"mutant name {self.name!r} must be an identifier")
 
@@ -71,11 +78,16 @@ def mutant_maker(upstream: str, *default_tests: str) -> Callable[..., Mutant]:
 
 def apply(mutant: Mutant) -> list[str]:
     """Install ``mutant``; return the modules whose attribute was replaced."""
-    for name in (*UPSTREAM_MODULES, "torch.distributed.fsdp"):
+    for name in (*MODELLED_MODULES, "torch.distributed.fsdp", mutant.upstream):
         importlib.import_module(name)
     home = sys.modules[mutant.upstream]
-    original = getattr(home, mutant.target)
+    owner_name, _, attribute = mutant.target.rpartition(".")
+    owner = getattr(home, owner_name) if owner_name else home
+    original = getattr(owner, attribute)
     replacement = functools.wraps(original)(mutant.mutate(original))
+    if owner is not home:  # a method: its class is the one holder
+        setattr(owner, attribute, replacement)
+        return [mutant.upstream]
     holders = [home]
     if mutant.everywhere:
         holders = [
@@ -91,6 +103,7 @@ def apply(mutant: Mutant) -> list[str]:
 def catalogue() -> dict[str, Mutant]:
     """Every mutant, by name, from the catalogue module of each upstream module."""
     from ci.mutation.mutants import (
+        checkpoint_async,
         checkpoint_state_dict,
         fsdp_optim_utils,
         fsdp_state_dict_utils,
@@ -103,6 +116,7 @@ def catalogue() -> dict[str, Mutant]:
         checkpoint_state_dict,
         fsdp_optim_utils,
         fsdp_state_dict_utils,
+        checkpoint_async,
     ):
         for mutant in module.MUTANTS:
             if mutant.name in mutants:

@@ -1,0 +1,83 @@
+"""Resuming from a checkpoint: fresh objects of a cell (or of one process), the load, the steps
+that follow, and the single-process state they must reach."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance._compare import assert_state_dict_equal
+from conformance._dcp import load_checkpoint
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance
+from conformance._subworld import SubWorld
+from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
+from conformance._upstream import dsd, full_options
+from conformance.models.common import ground_truth, seeded_mlp
+from conformance.models.zoo import MODELS
+
+MORE_STEPS = 2  # steps trained after a load
+
+
+def training_in(name: str, world: Any, recipe: str) -> Training:
+    """Fresh objects in the cell ``name``, or on one process alone (``single``)."""
+    if name == "single":
+        model = seeded_mlp()
+        return (model, *OPTIMIZERS[recipe].build(model))
+    return fresh_training(PARALLELISMS[name], world, recipe)
+
+
+def resume(
+    training: Training, path: str, start: int, model_id: str = "mlp", **load: Any
+) -> list[Snapshot]:
+    """Load ``path`` into ``training``'s fresh objects, then train ``MORE_STEPS`` on the
+    inputs that follow step ``start``: a snapshot after each step (``load`` goes to
+    ``dcp.load``)."""
+    model, optimizer, scheduler = training
+    load_checkpoint(model, optimizer, path, scheduler=scheduler, **load)
+    inputs = MODELS[model_id].inputs
+    return train_observed(
+        model, optimizer, scheduler, MORE_STEPS, unobserved, lambda step: inputs(start + step)
+    )
+
+
+def assert_full_state_is_single_process(
+    training: Training, steps: int, recipe: str, **tolerance: float
+) -> None:
+    """The full model, optimizer state and hyper-parameters of ``training`` equal one
+    process's after ``steps`` steps of ``recipe``."""
+    model, optimizer, _ = training
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
+    expected = ground_truth(steps, OPTIMIZERS[recipe])
+    assert_state_dict_equal(model_state, expected.model, **tolerance)
+    assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
+    groups = {str(index): group for index, group in enumerate(optim_state["param_groups"])}
+    expected_groups = {str(index): group for index, group in enumerate(expected.param_groups)}
+    assert_state_dict_equal(groups, expected_groups)
+
+
+def resume_on_the_first_ranks(
+    world: Any, size: int, cells: tuple[str, str], path: str, saved_after: int, recipe: str
+) -> None:
+    """Resume ``path``, saved by ``cells[0]`` after ``saved_after`` steps, in fresh objects of
+    ``cells[1]`` on ranks ``0 .. size - 1`` of ``world`` (rank 0 alone, without a process
+    group, at 1), train ``MORE_STEPS``, and hold the full state to the single process's
+    (within the tolerances of the two cells); every rank of the world calls it, and the
+    others wait."""
+    resumed_by = cells[1]
+    compared = [PARALLELISMS[name] for name in cells if name in PARALLELISMS]
+    resumers: Any = world
+    load: dict[str, Any] = {}
+    if size < world.size:
+        resumers = SubWorld(world, size)
+        if not resumers.member:
+            world.barrier()
+            return
+        load = {"no_dist": True} if size == 1 else {"process_group": resumers.group}
+    try:
+        training = training_in(resumed_by, resumers, recipe)
+        resume(training, path, saved_after, **load)
+        assert_full_state_is_single_process(
+            training, saved_after + MORE_STEPS, recipe, **comparison_tolerance(*compared)
+        )
+    finally:
+        world.barrier()

@@ -1,0 +1,85 @@
+"""Staging copies like the oracle, into memory of its own, and a kept stager into its buffers.
+
+Judged against the oracle of ``_state_dict_utils``, whose contract staging is built on, and
+against the live state. Every staging choice with a stager to call (``BlockingAsyncStager``,
+cached or not; a ``FileSystemWriter``'s own staging, cached or not; ``DefaultStager`` with
+each ``StagingOptions`` flag on alone, all off, all on, and the one a caller keeps) stages a
+cell's state as ``async_save`` hands it over (``get_state_dict``'s model and optimizer state,
+the scheduler's). The staged copy must equal the oracle's staging of the same state
+(``reference_impl.create_cpu_state_dict``, in pinned or shared memory as the choice says,
+filled by ``reference_impl.copy_state_dict``) in structure, types, placements, devices, dtypes
+and values; share no memory with the live state; and lie in shared memory where the choice
+says so (what a process checkpointer receives without a copy) and in pinned memory where it
+says so. A stager kept across saves, staging again after a training step, must land in the
+very buffers of its first staging, now holding the new values. On the cells that stage each
+kind of tensor, at their smallest world size above one and at 4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import reference_impl
+from conformance._async import STAGING_CELLS, STAGINGS, Stagers, Unheld
+from conformance._compare import assert_trees_identical, local_tensors_by_path, memory_shared_with
+from conformance._dcp import training_state
+from conformance._parallelisms import PARALLELISMS
+from conformance._trajectory import Training, fresh_training
+from conformance.models.common import train
+
+RECIPE = "adamw_step_lr"
+WITH_A_STAGER = [name for name in STAGINGS if name != "default"]
+
+
+def _oracle_staging(state: dict[str, Any], pinned: bool, shared: bool) -> Any:
+    copy = reference_impl.create_cpu_state_dict(state, pin_memory=pinned, share_memory=shared)
+    return reference_impl.copy_state_dict(state, copy)
+
+
+def _assert_memory_kinds(staged: Any, pinned: bool, shared: bool) -> None:
+    for path, tensor in local_tensors_by_path(staged):
+        if tensor.numel() == 0:
+            continue
+        if shared:
+            assert tensor.is_shared(), f"{path}: staged outside shared memory"
+        if pinned:
+            assert tensor.is_pinned(), f"{path}: staged outside pinned memory"
+
+
+def _staged(stagers: Stagers, training: Training, world: Any, name: str) -> tuple[Any, Any]:
+    """The live state of ``training`` and its staged copy."""
+    state = training_state(*training)
+    return state, stagers.stage(state, world.tmp_path / name)
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize("staging", WITH_A_STAGER)
+@pytest.mark.parametrize("cell", STAGING_CELLS)
+def test_staging_copies_like_the_oracle_into_memory_of_its_own(world, cell, staging):
+    choice = STAGINGS[staging]
+    choice.skip_unless_available()
+    model, optimizer, scheduler = training = fresh_training(PARALLELISMS[cell], world, RECIPE)
+    train(model, optimizer, 2, scheduler)
+    stagers = Stagers(choice, Unheld())
+    try:
+        state, staged = _staged(stagers, training, world, "first")
+        assert_trees_identical(staged, _oracle_staging(state, choice.pinned, choice.shared))
+        shared = memory_shared_with(staged, state)
+        assert not shared, f"staged tensors share memory with the live state: {shared}"
+        _assert_memory_kinds(staged, choice.pinned, choice.shared)
+        if not choice.cached:
+            return
+        buffers = {path: tensor.data_ptr() for path, tensor in local_tensors_by_path(staged)}
+        train(model, optimizer, 1, scheduler, start=2)
+        state, again = _staged(stagers, training, world, "second")
+        assert_trees_identical(again, _oracle_staging(state, choice.pinned, choice.shared))
+        moved = [
+            path
+            for path, tensor in local_tensors_by_path(again)
+            if buffers.get(path) != tensor.data_ptr()
+        ]
+        assert not moved, f"the kept stager staged into new memory at {moved}"
+    finally:
+        stagers.close()
