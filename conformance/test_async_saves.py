@@ -139,8 +139,18 @@ def _stagers(staging: str, cue: Any) -> Iterator[Stagers]:
         made.close()
 
 
-def _same_leaf(one: dict[str, Any], other: dict[str, Any], key: str) -> bool:
-    return not differing_keys({key: one.get(key)}, {key: other.get(key)})
+def _keys_holding(
+    written: dict[str, Any], expected: dict[str, Any], other: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """The keys where ``written`` differs from ``expected``, and those of them where it holds
+    ``other``'s value instead."""
+    keys = differing_keys(written, expected)
+    held = [
+        key
+        for key in keys
+        if key in other and not differing_keys({key: written[key]}, {key: other[key]})
+    ]
+    return keys, held
 
 
 class _Moment:
@@ -175,10 +185,7 @@ class _Moment:
     def holding(self, other: _Moment) -> str:
         """Where this moment's async checkpoint differs from its own moment, how many of those
         keys hold ``other``'s moment instead (empty where none)."""
-        written = self._read("async")
-        keys = differing_keys(written, self._read("sync"))
-        theirs = other._read("sync")
-        held = [key for key in keys if key in theirs and _same_leaf(written, theirs, key)]
+        keys, held = _keys_holding(self._read("async"), self._read("sync"), other._read("sync"))
         return f"{len(held)} of those {len(keys)} keys hold {other.name}'s state" if held else ""
 
     def assert_written_as_at_its_call(self, later: Training | None = None) -> None:
@@ -203,9 +210,7 @@ class _Moment:
         model, optimizer, scheduler = later
         save_checkpoint(model, optimizer, str(path), scheduler=scheduler)
         scratch = self.world.tmp_path / f"{self.name}-r{self.world.rank}.later.pt"
-        after = tree_leaves(contents(path, scratch))
-        keys = differing_keys(written, expected)
-        seen = [key for key in keys if key in after and _same_leaf(written, after, key)]
+        keys, seen = _keys_holding(written, expected, tree_leaves(contents(path, scratch)))
         if not seen:
             return ""
         return (
