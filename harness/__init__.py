@@ -3,8 +3,9 @@
 Test authors use the ``@pytest.mark.world(*sizes)`` marker and the ``world``
 fixture (a :class:`WorldContext` on every rank). The classes below let other
 tools (benchmarks, the gate) run bodies in worlds without pytest's collection.
-``harness.devices`` names the device types and backends the torch build has, and
-``harness.outcomes`` the words for how a test ended.
+``harness.devices`` names the device types and backends the torch build has,
+``harness.outcomes`` the words for how a test ended, and ``harness.memory`` measures an
+operation's peak memory on a rank.
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""Peak memory of one operation on one rank, over that rank's own baseline.
+
+On the host the probe reads the process's resident set: writing ``5`` to
+``/proc/self/clear_refs`` resets its high-water mark (``VmHWM`` in ``/proc/self/status``) to
+the current resident set, which is the baseline; after the operation ``VmHWM`` minus the
+baseline is the peak. Before the reset the probe collects garbage and, with glibc, returns
+free heap pages to the system (``malloc_trim``), so that the operation's allocations show in
+the resident set instead of reusing pages freed earlier. This needs Linux; elsewhere
+:func:`host_probe_missing` says why and callers skip.
+
+On an accelerator the probe also reads the build's peak-allocated statistic for the current
+device (``torch.accelerator`` where the build has its memory functions, else the device
+module, e.g. ``torch.cuda``), reset the same way: peak allocated minus allocated at the
+reset. Tensors of a CPU world live in the host figure only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from harness.devices import CPU, synchronize
+
+_STATUS: Final = Path("/proc/self/status")
+_CLEAR_REFS: Final = Path("/proc/self/clear_refs")
+_RESET_PEAK: Final = "5"  # clear_refs: reset the peak resident set size to the current one
+_M_MMAP_THRESHOLD: Final = -3  # mallopt's parameter number (malloc.h)
+MMAP_THRESHOLD_BYTES: Final = 128 * 1024
+# The host figure's resolution: the kernel counts resident pages and reports kB; measured
+# noise of an empty operation is a few pages.
+HOST_RESOLUTION_BYTES: Final = 64 * 1024
+
+
+@dataclass
+class Peak:
+    """What one rank held at most during the operation, in bytes over its baseline: ``host``
+    from the resident set, ``device`` from the accelerator's allocator (None in a CPU
+    world). Filled when the ``with`` block ends."""
+
+    device_type: str
+    host: int = 0
+    device: int | None = None
+
+    def describe(self) -> str:
+        figures = [f"host {mib(self.host)}"]
+        if self.device is not None:
+            figures.append(f"{self.device_type} {mib(self.device)}")
+        return ", ".join(figures)
+
+
+def mib(size: int) -> str:
+    """``size`` bytes in MiB, for messages."""
+    return f"{size / 2**20:.1f} MiB"
+
+
+def host_probe_missing() -> str | None:
+    """Why this machine cannot measure a host peak, or None where it can."""
+    if not _STATUS.exists() or not _CLEAR_REFS.exists():
+        return "peak host memory needs Linux's /proc/self/clear_refs and VmHWM"
+    try:
+        _CLEAR_REFS.write_text(_RESET_PEAK)
+    except OSError as error:
+        return f"cannot reset the peak resident set ({error})"
+    return None
+
+
+@contextmanager
+def measure_peak(device_type: str = CPU) -> Iterator[Peak]:
+    """Measure the peak memory of the ``with`` block on this rank: its host resident set and,
+    for an accelerator ``device_type``, the device's allocated memory, each over the
+    baseline at entry. Queued device work is waited for on both sides of the block."""
+    peak = Peak(device_type)
+    synchronize(device_type)
+    device_baseline = _reset_device(device_type)
+    host_baseline = _reset_host()
+    yield peak
+    synchronize(device_type)
+    peak.host = max(0, _status_bytes("VmHWM") - host_baseline)
+    if device_baseline is not None:
+        peak.device = max(
+            0, int(_device_memory(device_type, "max_memory_allocated")) - device_baseline
+        )
+
+
+def _reset_host() -> int:
+    gc.collect(generation=1)
+    _settle_the_heap()
+    _CLEAR_REFS.write_text(_RESET_PEAK)
+    return _status_bytes("VmRSS")
+
+
+def _settle_the_heap() -> None:
+    """With glibc: a fixed mmap threshold, and free heap pages returned (other C libraries
+    return memory on their own terms)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name is not None else None
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.malloc_trim(0)
+
+
+def _status_bytes(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{_STATUS} has no {field} line")
+
+
+def _reset_device(device_type: str) -> int | None:
+    if device_type == CPU:
+        return None
+    _device_memory(device_type, "reset_peak_memory_stats")
+    return int(_device_memory(device_type, "memory_allocated"))
+
+
+def _device_memory(device_type: str, function: str) -> Any:
+    """Call the memory statistic ``function`` of the current ``device_type`` device."""
+    import torch
+
+    api = getattr(torch, "accelerator", None)
+    current = api.current_accelerator() if api is not None and api.is_available() else None
+    if current is not None and current.type == device_type and hasattr(api, function):
+        return getattr(api, function)()
+    return getattr(torch.get_device_module(device_type), function)()
