@@ -4,7 +4,8 @@ Modules mirror the upstream modules they model; users import from here.
 ``state_dict_utils`` models ``torch/distributed/_state_dict_utils.py``;
 ``state_dict`` models ``torch/distributed/checkpoint/state_dict.py``;
 ``fsdp_optim_utils`` models ``torch/distributed/fsdp/_optim_utils.py``;
-``fsdp_state_dict_utils`` models ``torch/distributed/fsdp/_state_dict_utils.py``.
+``fsdp_state_dict_utils`` models ``torch/distributed/fsdp/_state_dict_utils.py``;
+``peak_memory`` states the memory each utility may take, from the tensors' sizes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,220 @@
+"""The memory each state-dict utility may take, from the contract and the tensors' sizes.
+
+Upstream's ``_state_dict_utils`` moves state dicts one tensor at a time so that no rank holds
+a model twice (the comments of ``_broadcast_state_dict``: "Broadcast every tensor to avoid
+OOM"; its maintainers' bound in pytorch#149640: the whole state dict on rank 0, the rank's
+shard elsewhere, plus transient buffers). Each function here states, for one rank and one
+call, what the call's result may add to the rank's memory and what one step of it may hold
+beside that. Both are computed from the sizes and placements of the tensors alone, never
+from a measurement: a build whose peak exceeds ``result + transient + slack`` holds more than
+its contract allows.
+
+Bytes are counted where they live: ``host`` for CPU tensors, ``device`` for accelerator
+tensors; a CPU world has host bytes only. "Full" bytes are a tensor's global size (a DTensor's
+or ShardedTensor's whole tensor), "local" bytes the part a rank holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+
+# One tensor at a time: a step of a gather, a broadcast or a distribution holds one full
+# tensor in the buffer it receives into and one assembled from it (unpadded, redistributed or
+# sliced; a padded copy of the local piece is smaller than either). The collective may not
+# yet have released the previous step's buffers when the next step allocates its own, so
+# two steps' worth: four of the largest full tensor.
+TRANSIENT_FULL_TENSORS: Final = 4
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes on the host and on the accelerator."""
+
+    host: int = 0
+    device: int = 0
+
+    def __add__(self, other: Footprint) -> Footprint:
+        return Footprint(self.host + other.host, self.device + other.device)
+
+    @property
+    def total(self) -> int:
+        return self.host + self.device
+
+
+@dataclass(frozen=True)
+class PeakBound:
+    """The most one rank may hold during ``operation`` over what it held before: ``result``
+    (what the call returns or stores that did not exist before) plus ``transient`` (what
+    one step may hold beside it). ``largest_tensor`` and ``whole_state_dict`` (full bytes)
+    let a reader see at once whether a failing peak held one extra tensor or one extra
+    state dict."""
+
+    operation: str
+    result: Footprint
+    transient: Footprint
+    largest_tensor: int
+    whole_state_dict: int
+
+    def limit(self, slack: int, *, separate_device: bool) -> Footprint:
+        """The bound with ``slack`` bytes for allocators and collectives added to each
+        kind of memory; with ``separate_device`` False (a CPU world) device bytes count as
+        host bytes."""
+        held = self.result + self.transient
+        if not separate_device:
+            return Footprint(held.total + slack, 0)
+        return Footprint(held.host + slack, held.device + slack)
+
+
+def _itemsize(value: torch.Tensor) -> int:
+    return int(torch.empty((), dtype=value.dtype).element_size())
+
+
+def full_bytes(value: torch.Tensor) -> int:
+    """Bytes of ``value``'s whole tensor: a DTensor's or ShardedTensor's global size."""
+    return int(torch.Size(value.size()).numel()) * _itemsize(value)
+
+
+def local_bytes(value: torch.Tensor) -> int:
+    """Bytes of the part of ``value`` this rank holds."""
+    if isinstance(value, DTensor):
+        return int(value.to_local().numel()) * _itemsize(value)
+    if isinstance(value, ShardedTensor):
+        return sum(int(shard.tensor.numel()) for shard in value.local_shards()) * _itemsize(value)
+    return int(value.numel()) * _itemsize(value)
+
+
+def _on_host(value: torch.Tensor) -> bool:
+    if isinstance(value, ShardedTensor):
+        shards = value.local_shards()
+        return not shards or shards[0].tensor.device.type == "cpu"
+    return value.device.type == "cpu"
+
+
+def _on(value: torch.Tensor, size: int, *, host: bool | None = None) -> Footprint:
+    """``size`` bytes where ``value`` lives (or on the host where ``host`` says so)."""
+    if host is None:
+        host = _on_host(value)
+    return Footprint(host=size) if host else Footprint(device=size)
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, Mapping):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)
+
+
+def _is_distributed(value: torch.Tensor) -> bool:
+    return isinstance(value, (DTensor, ShardedTensor))
+
+
+def _bound(operation: str, tree: Any, result: Footprint, transient: Footprint) -> PeakBound:
+    sizes = [full_bytes(value) for value in _tensors(tree)]
+    return PeakBound(operation, result, transient, max(sizes, default=0), sum(sizes))
+
+
+def _keeps(rank: int, ranks_only: Collection[int]) -> bool:
+    return not ranks_only or rank in ranks_only
+
+
+def _largest_step(tensors: Sequence[torch.Tensor], *, host: bool | None = None) -> Footprint:
+    """``TRANSIENT_FULL_TENSORS`` of the largest full tensor among ``tensors``."""
+    largest = max(tensors, key=full_bytes, default=None)
+    if largest is None:
+        return Footprint()
+    return _on(largest, TRANSIENT_FULL_TENSORS * full_bytes(largest), host=host)
+
+
+def gather_state_dict_peak(
+    state_dict: Any, *, rank: int, ranks_only: Collection[int] = (), cpu_offload: bool = False
+) -> PeakBound:
+    """Bounds ``_gather_state_dict``: a rank that keeps the result holds every DTensor and
+    ShardedTensor whole (on the host with ``cpu_offload``); tensors that are not distributed
+    are returned as they are (offloaded: copied to the host unless already there). Every
+    rank gathers one tensor at a time, kept or not."""
+    tensors = list(_tensors(state_dict))
+    distributed = [value for value in tensors if _is_distributed(value)]
+    result = Footprint()
+    if _keeps(rank, ranks_only):
+        for value in distributed:
+            result += _on(value, full_bytes(value), host=True if cpu_offload else None)
+        if cpu_offload:
+            for value in tensors:
+                if not _is_distributed(value) and not _on_host(value):
+                    result += Footprint(host=local_bytes(value))
+    transient = _largest_step(distributed)
+    return _bound("_gather_state_dict", state_dict, result, transient)
+
+
+def offload_state_dict_to_cpu_peak(
+    state_dict: Any, *, rank: int, ranks_only: Collection[int] = ()
+) -> PeakBound:
+    """Bounds ``_offload_state_dict_to_cpu``: a rank that keeps the result holds a host copy
+    of each tensor not on the host already; a tensor on the host is returned as it is."""
+    result = Footprint()
+    if _keeps(rank, ranks_only):
+        for value in _tensors(state_dict):
+            if not _on_host(value):
+                result += Footprint(host=local_bytes(value))
+    return _bound("_offload_state_dict_to_cpu", state_dict, result, Footprint())
+
+
+def create_cpu_state_dict_peak(state_dict: Any) -> PeakBound:
+    """Bounds ``_create_cpu_state_dict``: one new host tensor of each tensor's local size
+    (pinned or shared memory alike), nothing more."""
+    result = Footprint(host=sum(local_bytes(value) for value in _tensors(state_dict)))
+    return _bound("_create_cpu_state_dict", state_dict, result, Footprint())
+
+
+def copy_state_dict_peak(state_dict: Any) -> PeakBound:
+    """Bounds ``_copy_state_dict``: it copies into the companion's existing tensors and
+    allocates nothing of a tensor's size."""
+    return _bound("_copy_state_dict", state_dict, Footprint(), Footprint())
+
+
+def broadcast_state_dict_peak(
+    local_state_dict: Mapping[str, Any], device: torch.device
+) -> PeakBound:
+    """Bounds ``_broadcast_state_dict`` into ``local_state_dict`` (the same on every rank):
+    a DTensor receives its piece in place (a meta DTensor a new local piece on ``device``);
+    any other tensor is replaced by the full tensor received, on ``device``. One tensor is
+    in flight at a time."""
+    host = device.type == "cpu"
+    result = Footprint()
+    for value in local_state_dict.values():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if isinstance(value, DTensor):
+            if value.is_meta:
+                result += _on(value, local_bytes(value), host=host)
+        else:
+            result += _on(value, full_bytes(value), host=host)
+    tensors = [v for v in local_state_dict.values() if isinstance(v, torch.Tensor)]
+    transient = _largest_step(tensors, host=host)
+    return _bound("_broadcast_state_dict", local_state_dict, result, transient)
+
+
+def distribute_state_dict_peak(
+    local_state_dict: Mapping[str, Any], device: torch.device
+) -> PeakBound:
+    """Bounds ``_distribute_state_dict`` (every rank holds the full dict already): a DTensor
+    is replaced by a new one holding this rank's piece on ``device``; any other tensor by
+    the full tensor, which on its own device is the full dict's tensor itself. One tensor
+    at a time."""
+    host = device.type == "cpu"
+    dtensors = [v for v in local_state_dict.values() if isinstance(v, DTensor)]
+    result = Footprint()
+    for value in dtensors:
+        result += _on(value, local_bytes(value), host=host)
+    transient = _largest_step(dtensors, host=host)
+    return _bound("_distribute_state_dict", local_state_dict, result, transient)

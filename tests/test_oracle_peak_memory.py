@@ -1,0 +1,88 @@
+"""The oracle's memory bounds: sums of the tensors' sizes by where they live, one process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from reference_impl import peak_memory as bounds
+from reference_impl.peak_memory import TRANSIENT_FULL_TENSORS, Footprint
+
+KIB = 1024
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    store = dist.FileStore(str(Path(tmp_path_factory.mktemp("store")) / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def floats(count: int) -> torch.Tensor:
+    return torch.zeros(count, dtype=torch.float32)
+
+
+def sharded(mesh: object, count: int) -> torch.Tensor:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    return distribute_tensor(floats(count), mesh, [Shard(0)])
+
+
+def test_plain_tensors_gather_to_themselves() -> None:
+    state = {"a": floats(256), "nested": {"b": floats(512)}, "step": 3}
+    bound = bounds.gather_state_dict_peak(state, rank=0)
+    assert bound.result == Footprint()
+    assert bound.transient == Footprint()
+    assert (bound.largest_tensor, bound.whole_state_dict) == (2 * KIB, 3 * KIB)
+
+
+def test_distributed_tensors_gather_whole_one_at_a_time(mesh: object) -> None:
+    state = {"big": sharded(mesh, 1024), "small": sharded(mesh, 256), "plain": floats(256)}
+    kept = bounds.gather_state_dict_peak(state, rank=0, ranks_only=(0,))
+    assert kept.result == Footprint(host=5 * KIB)
+    assert kept.transient == Footprint(host=TRANSIENT_FULL_TENSORS * 4 * KIB)
+    dropped = bounds.gather_state_dict_peak(state, rank=1, ranks_only=(0,))
+    assert dropped.result == Footprint()
+    assert dropped.transient == kept.transient
+
+
+def test_cpu_tensors_offload_to_themselves() -> None:
+    bound = bounds.offload_state_dict_to_cpu_peak({"a": floats(256)}, rank=0)
+    assert bound.result == Footprint()
+
+
+def test_a_cpu_state_dict_holds_each_local_tensor_once(mesh: object) -> None:
+    state = {"d": sharded(mesh, 512), "opt": [floats(256), torch.tensor(1.0)]}
+    assert bounds.create_cpu_state_dict_peak(state).result == Footprint(host=3 * KIB + 4)
+    assert bounds.copy_state_dict_peak(state).result == Footprint()
+
+
+def test_a_broadcast_replaces_plain_tensors_and_fills_dtensors_in_place(mesh: object) -> None:
+    bound = bounds.broadcast_state_dict_peak(
+        {"d": sharded(mesh, 512), "p": floats(256), "zero_dim": torch.tensor(2.0)}, CPU
+    )
+    assert bound.result == Footprint(host=KIB)
+    assert bound.transient == Footprint(host=TRANSIENT_FULL_TENSORS * 2 * KIB)
+
+
+def test_a_distribution_gives_dtensors_new_pieces(mesh: object) -> None:
+    bound = bounds.distribute_state_dict_peak({"d": sharded(mesh, 512), "p": floats(256)}, CPU)
+    assert bound.result == Footprint(host=2 * KIB)
+
+
+def test_a_cpu_world_counts_device_bytes_as_host_bytes() -> None:
+    bound = bounds.PeakBound("op", Footprint(1, 2), Footprint(4, 8), 0, 0)
+    assert bound.limit(16, separate_device=False) == Footprint(host=31)
+    assert bound.limit(16, separate_device=True) == Footprint(host=21, device=26)
