@@ -15,6 +15,7 @@ from conformance._manifest import (
     parse,
     release_of,
 )
+from conformance._memory import PEAK_LOG
 from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
 from conformance.models.common import MLPWithBuffers, batch
@@ -23,6 +24,7 @@ __all__ = [
     "APPLIED_MANIFESTS",
     "EXERCISED_APIS",
     "PARALLELISMS",
+    "PEAK_LOG",
     "RESOLUTION",
     "UNUSED_ENTRIES",
     "UPSTREAM_MANIFEST",

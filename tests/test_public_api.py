@@ -121,6 +121,7 @@ def test_conformance_public_names() -> None:
         "Entry",
         "MLPWithBuffers",
         "PARALLELISMS",
+        "PEAK_LOG",
         "Parallelism",
         "RESOLUTION",
         "UNUSED_ENTRIES",

@@ -15,6 +15,7 @@ from ci.mutation.mutants._trees import get_path, map_leaves, rows_shifted, tenso
 Fn = Callable[..., Any]
 UTILS = "conformance/test_state_dict_utils.py"
 UPSTREAM_CASES = "conformance/test_state_dict_utils_upstream_cases.py"
+PEAK_MEMORY = "conformance/test_peak_memory.py"
 
 
 def _gather_returns_local_shards(original: Fn) -> Fn:
@@ -147,6 +148,40 @@ def _distribute_shifts_uneven_pieces(original: Fn) -> Fn:
     return distribute
 
 
+def _gather_everywhere_then_drop(original: Fn) -> Fn:
+    def gather(state_dict: dict[str, Any], **kwargs: Any) -> Any:
+        ranks_only = kwargs.get("ranks_only", ())
+        everywhere = original(state_dict, **{**kwargs, "ranks_only": ()})
+        if not ranks_only or dist.get_rank(kwargs.get("pg")) in ranks_only:
+            return everywhere
+        return {}
+
+    return gather
+
+
+def _broadcast_every_tensor_first(original: Fn) -> Fn:
+    def broadcast(full: dict[str, Any], local: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        whole = {key: torch.empty(0) for key in local}  # each key receives its full tensor
+        original(full, whole, *args, **kwargs)
+        original(full, local, *args, **kwargs)
+        del whole
+
+    return broadcast
+
+
+def _copy_through_temporaries(original: Fn) -> Fn:
+    def copy(
+        state_dict: dict[str, Any], copy_state_dict: dict[str, Any], *args: Any, **kw: Any
+    ) -> Any:
+        clones = map_leaves(
+            state_dict,
+            lambda v: v.clone() if type(v) is torch.Tensor or isinstance(v, DTensor) else v,
+        )
+        return original(clones, copy_state_dict, *args, **kw)
+
+    return copy
+
+
 def _flatten_joins_with_slashes(original: Fn) -> Fn:
     def flatten(state_dict: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         flat, mapping = original(state_dict)
@@ -165,6 +200,8 @@ def _unflatten_turns_lists_into_dicts(original: Fn) -> Fn:
 
 
 _mutant = mutant_maker(STATE_DICT_UTILS, UPSTREAM_CASES, UTILS)
+# Right values, more memory: the peak-memory checks alone can see these.
+_memory_mutant = mutant_maker(STATE_DICT_UTILS, PEAK_MEMORY, UPSTREAM_CASES, UTILS)
 
 MUTANTS = [
     _mutant(
@@ -261,5 +298,24 @@ MUTANTS = [
         "_unflatten_state_dict",
         "list positions are restored as string keys of dicts",
         _unflatten_turns_lists_into_dicts,
+    ),
+    _memory_mutant(
+        "gather_holds_every_tensor_outside_ranks_only",
+        "_gather_state_dict",
+        "ranks outside ranks_only gather the whole state dict and drop it only at the end "
+        "(they return nothing, as they should)",
+        _gather_everywhere_then_drop,
+    ),
+    _memory_mutant(
+        "broadcast_materializes_every_tensor_first",
+        "_broadcast_state_dict",
+        "every rank receives every full tensor before the pieces are placed",
+        _broadcast_every_tensor_first,
+    ),
+    _memory_mutant(
+        "copy_through_a_temporary_per_tensor",
+        "_copy_state_dict",
+        "the source is cloned whole before being copied into the companion",
+        _copy_through_temporaries,
     ),
 ]
