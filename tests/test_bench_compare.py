@@ -13,6 +13,7 @@ import pytest
 
 from ci.bench import compare as bench_compare
 from ci.bench.cases import BenchCase, cases
+from ci.bench.memory_stats import NOT_JUDGED, compare_peaks, smallest_judged_peak
 from ci.bench.replay_clock import ReplayClock
 from ci.bench.stats import (
     CONFIDENCE,
@@ -197,6 +198,58 @@ def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     assert '<img src="copy-2MiB.png"' in (out / "report.html").read_text()
 
 
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("baseline", "candidate", "verdict"),
+    [
+        ((100 * MIB, 101 * MIB), (106 * MIB, 107 * MIB), REGRESSION),
+        ((100 * MIB, 101 * MIB), (104 * MIB, 104 * MIB), UNCHANGED),  # below the threshold
+        ((100 * MIB, 120 * MIB), (110 * MIB, 126 * MIB), UNCHANGED),  # the runs overlap
+        ((100 * MIB, 100 * MIB), (90 * MIB, 91 * MIB), IMPROVEMENT),
+        ((MIB, MIB), (2 * MIB, 2 * MIB), NOT_JUDGED),  # 5% of 1 MiB is below the resolution
+    ],
+)
+def test_peak_verdicts_need_the_threshold_and_separate_runs(
+    baseline: tuple[int, ...], candidate: tuple[int, ...], verdict: str
+) -> None:
+    assert compare_peaks("op", baseline, candidate, threshold=1.05).verdict == verdict
+
+
+def test_peak_spread_is_the_wider_sides_range() -> None:
+    result = compare_peaks("op", (100, 110, 105), (200, 202), threshold=1.05)
+    assert result.spread == pytest.approx(10 / 105)
+    assert smallest_judged_peak(1.05) == pytest.approx(1.25 * MIB)
+
+
+def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
+    """A gather that holds 4 MiB more (on a peak of about 4 MiB) is a memory regression."""
+    out = tmp_path / "compare"
+    completed = subprocess.run(
+        [
+            sys.executable, "-m", "ci.bench.compare", "--runs", "2", "--warmup-runs", "0",
+            "--out", str(out), "--threshold", "100",
+            "--candidate-env", "GATE_BENCH_EXTRA_MIB=4", "--",
+            "--bench-sizes-mib", "2", "--bench-rounds", "2", "-k", "gather-2MiB",
+        ],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 1, output
+    raw = json.loads((out / "raw" / "baseline-0.json").read_text())
+    (benchmark,) = raw["benchmarks"]
+    assert benchmark["extra_info"]["peak_host_bytes"] >= 2 * MIB
+    report = (out / "report.md").read_text()
+    assert "0 time and 1 memory regression(s)" in report
+    assert "| gather-2MiB host |" in report
+    assert "| REGRESSION |" in report
+
+
 def _collect(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "pytest", "ci/bench/benchmarks", "--collect-only", "-q", *args]
     return subprocess.run(
@@ -250,7 +303,8 @@ def test_a_comparison_with_nothing_to_judge_fails(
     regression'."""
     runs_of = {"baseline": baseline, "candidate": candidate}
     torch_of = {"baseline": "2.13.0", "candidate": "2.13.0"}
-    monkeypatch.setattr(bench_compare, "interleaved", lambda *args: (runs_of, torch_of))
+    no_peaks: dict[str, dict[str, list[int]]] = {"baseline": {}, "candidate": {}}
+    monkeypatch.setattr(bench_compare, "interleaved", lambda *args: (runs_of, torch_of, no_peaks))
     status = bench_compare.main(["--out", str(tmp_path)])
     assert status == bench_compare.NOTHING_COMPARED_EXIT != 0
     assert message in capsys.readouterr().err

@@ -7,8 +7,10 @@ Each python is an environment with a torch build and this suite installed. After
 warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
 falls on both builds. Writes
 ``raw/`` (pytest-benchmark JSON per run), a PNG per benchmark, ``report.md`` and
-``report.html``; exits 1 when a benchmark's ratio interval lies above the threshold, and 2
-when a benchmark ran on one build only or none ran at all (nothing to judge).
+``report.html``, times and peak memory side by side; exits 1 when a benchmark's ratio
+interval lies above the threshold or its peak memory grew by ``--memory-threshold`` (default
+5%) in every run, and 2 when a benchmark ran on one build only or none ran at all (nothing
+to judge).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import sys
 from pathlib import Path
 
 from ci.bench import report as bench_report
-from ci.bench.runs import Build, env_pairs, read_timings, run_benchmarks
+from ci.bench.memory_stats import PeakComparison, compare_peaks
+from ci.bench.runs import Build, env_pairs, read_peaks, read_timings, run_benchmarks
 from ci.bench.stats import REGRESSION, Comparison, compare
 
 REGRESSION_EXIT = 1
@@ -28,16 +31,18 @@ NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at al
 RUNS = 10
 
 
+RunsOf = dict[str, dict[str, list[tuple[float, ...]]]]  # build -> benchmark -> runs' rounds
+PeaksOf = dict[str, dict[str, list[int]]]  # build -> benchmark's memory -> runs' peaks
+
+
 def interleaved(
     baseline: Build, candidate: Build, runs: int, warmup_runs: int, out: Path, args: list[str]
-) -> tuple[dict[str, dict[str, list[tuple[float, ...]]]], dict[str, str]]:
-    """Each benchmark's rounds per build and run, over ``runs`` runs in the order
-    A B B A A B ..., after ``warmup_runs`` unrecorded runs of each build (file caches,
+) -> tuple[RunsOf, dict[str, str], PeaksOf]:
+    """Each benchmark's rounds and peak memory per build and run, over ``runs`` runs in the
+    order A B B A A B ..., after ``warmup_runs`` unrecorded runs of each build (file caches,
     imports: the first run on a machine is slower, whichever build it is)."""
-    runs_of: dict[str, dict[str, list[tuple[float, ...]]]] = {
-        baseline.label: {},
-        candidate.label: {},
-    }
+    runs_of: RunsOf = {baseline.label: {}, candidate.label: {}}
+    peaks_of: PeaksOf = {baseline.label: {}, candidate.label: {}}
     torch_of: dict[str, str] = {}
     for run in range(-warmup_runs, runs):
         order = (baseline, candidate) if run % 2 == 0 else (candidate, baseline)
@@ -51,7 +56,9 @@ def interleaved(
                 continue
             for name, values in timings.items():
                 runs_of[build.label].setdefault(name, []).append(tuple(values))
-    return runs_of, torch_of
+            for name, peak in read_peaks(raw).items():
+                peaks_of[build.label].setdefault(name, []).append(peak)
+    return runs_of, torch_of, peaks_of
 
 
 def _describe(build: Build, torch_version: str) -> str:
@@ -59,9 +66,7 @@ def _describe(build: Build, torch_version: str) -> str:
     return f"torch {torch_version} ({build.python}{', ' + env if env else ''})"
 
 
-def _unmatched_message(
-    runs_of: dict[str, dict[str, list[tuple[float, ...]]]], unmatched: list[str]
-) -> str:
+def _unmatched_message(runs_of: RunsOf, unmatched: list[str]) -> str:
     """Why the comparison cannot be judged: no benchmark ran, or some ran on one side only."""
     if not runs_of["baseline"] and not runs_of["candidate"]:
         return "no benchmark ran on either build: nothing was compared"
@@ -85,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-runs", type=int, default=1, help="unrecorded runs per build first (default 1)"
     )
     parser.add_argument("--threshold", type=float, default=1.05, help="slowdown ratio to fail")
+    parser.add_argument(
+        "--memory-threshold", type=float, default=1.05, help="peak memory ratio to fail"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-compare"))
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
     args = parser.parse_args(argv)
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = Build("baseline", args.baseline_python, env_pairs(args.baseline_env))
     candidate = Build("candidate", args.candidate_python, env_pairs(args.candidate_env))
     out: Path = args.out.resolve()
-    runs_of, torch_of = interleaved(
+    runs_of, torch_of, peaks_of = interleaved(
         baseline, candidate, args.runs, args.warmup_runs, out, args.pytest_args
     )
     unmatched = sorted(set(runs_of["baseline"]) ^ set(runs_of["candidate"]))
@@ -109,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in runs_of["baseline"]
     ]
+    peaks: list[PeakComparison] = [
+        compare_peaks(
+            name,
+            tuple(peaks_of["baseline"][name]),
+            tuple(peaks_of["candidate"].get(name, ())),
+            args.memory_threshold,
+        )
+        for name in peaks_of["baseline"]
+        if peaks_of["candidate"].get(name)
+    ]
     plots = {}
     for comparison in comparisons:
         png = f"{comparison.name}.png"
@@ -119,18 +137,24 @@ def main(argv: list[str] | None = None) -> int:
         _describe(candidate, torch_of["candidate"]),
         args.runs,
         args.threshold,
+        args.memory_threshold,
     )
-    (out / "report.md").write_text(bench_report.markdown(comparisons, builds, plots))
-    (out / "report.html").write_text(bench_report.html(comparisons, builds, plots))
+    (out / "report.md").write_text(bench_report.markdown(comparisons, peaks, builds, plots))
+    (out / "report.html").write_text(bench_report.html(comparisons, peaks, builds, plots))
     for comparison in comparisons:
         print(
             f"{comparison.name:<40} x{comparison.ratio:.3f} "
             f"[{comparison.low:.3f}, {comparison.high:.3f}] {comparison.verdict} "
             f"(noise {comparison.noise:.1%}, MDE {comparison.mde:.1%})"
         )
+    for peak in peaks:
+        print(
+            f"{peak.name:<40} peak x{peak.ratio:.3f} ({peak.baseline_peak / 2**20:.1f} -> "
+            f"{peak.candidate_peak / 2**20:.1f} MiB, spread {peak.spread:.1%}) {peak.verdict}"
+        )
     print(f"bench_compare: wrote {out / 'report.md'} and {out / 'report.html'}")
-    regressions = [c for c in comparisons if c.verdict == REGRESSION]
-    return REGRESSION_EXIT if regressions else 0
+    verdicts = [c.verdict for c in comparisons] + [p.verdict for p in peaks]
+    return REGRESSION_EXIT if REGRESSION in verdicts else 0
 
 
 if __name__ == "__main__":

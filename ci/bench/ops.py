@@ -19,11 +19,14 @@ from conformance import dcp, dsd, lookup
 MIB = 1 << 20
 TENSOR_BYTES = 256 * 1024  # utilities run on many tensors, as a model's state dict has
 SLOWDOWN_ENV = "GATE_BENCH_SLOWDOWN"  # e.g. 0.10: every timed torch function 10% slower
+EXTRA_MEMORY_ENV = "GATE_BENCH_EXTRA_MIB"  # e.g. 2: every timed torch function holds 2 MiB more
 
 
 def prepare(case: BenchCase, world: Any, workdir: Path) -> Callable[[], object]:
     """The operation of ``case`` on this rank, its inputs ready."""
-    install_slowdown(float(os.environ.get(SLOWDOWN_ENV, "0")))
+    install_regressions(
+        float(os.environ.get(SLOWDOWN_ENV, "0")), int(os.environ.get(EXTRA_MEMORY_ENV, "0"))
+    )
     function = lookup(*OPS[case.op])
     if case.parallelism is None:
         return _utility(case, function, world)
@@ -102,27 +105,32 @@ def _model_op(
     return lambda: function(state, checkpoint_id=checkpoint)  # dcp_load
 
 
-def install_slowdown(fraction: float) -> None:
-    """Make every timed torch function sleep ``fraction`` of its own duration after it runs:
-    a regression of known size, for showing that a comparison flags it."""
-    if fraction <= 0:
+def install_regressions(slowdown: float, extra_mib: int) -> None:
+    """Make every timed torch function sleep ``slowdown`` of its own duration after it runs,
+    and hold a filled buffer of ``extra_mib`` MiB while it runs: regressions of known size,
+    for showing that a comparison flags them."""
+    if slowdown <= 0 and extra_mib <= 0:
         return
     import importlib
 
     for module_name, name in OPS.values():
         module = importlib.import_module(module_name)
         original = getattr(module, name)
-        if getattr(original, "_slowed_by", None) is not None:
+        if getattr(original, "_regressed", False):
             continue
-        setattr(module, name, _slowed(original, fraction))
+        setattr(module, name, _regressed(original, slowdown, extra_mib))
 
 
-def _slowed(function: Callable[..., Any], fraction: float) -> Callable[..., Any]:
-    def slowed(*args: Any, **kwargs: Any) -> Any:
+def _regressed(function: Callable[..., Any], slowdown: float, extra_mib: int) -> Callable[..., Any]:
+    import torch
+
+    def regressed(*args: Any, **kwargs: Any) -> Any:
+        held = torch.ones(max(0, extra_mib) * MIB // 4)
         start = time.perf_counter()
         result = function(*args, **kwargs)
-        time.sleep(fraction * (time.perf_counter() - start))
+        time.sleep(max(0.0, slowdown) * (time.perf_counter() - start))
+        del held
         return result
 
-    slowed._slowed_by = fraction  # type: ignore[attr-defined]
-    return slowed
+    regressed._regressed = True  # type: ignore[attr-defined]
+    return regressed

@@ -1,4 +1,5 @@
-"""The benchmark regression report: a plot per benchmark, a Markdown and an HTML summary."""
+"""The benchmark regression report: a plot per benchmark, a Markdown and an HTML summary of
+times and of peak memory."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from ci.bench.memory_stats import PeakComparison, smallest_judged_peak
 from ci.bench.stats import CONFIDENCE, POWER, REGRESSION, UNCHANGED, Comparison
 
 
@@ -17,6 +19,7 @@ class Builds:
     candidate: str
     runs: int
     threshold: float
+    memory_threshold: float
 
 
 def plot(comparison: Comparison, path: Path) -> None:
@@ -75,12 +78,31 @@ def _verdict(comparison: Comparison) -> str:
 HEADER = [
     "benchmark", "baseline ms", "candidate ms", "ratio", "interval", "noise", "MDE", "verdict",
 ]  # fmt: skip
+PEAK_HEADER = ["benchmark memory", "baseline MiB", "candidate MiB", "ratio", "spread", "verdict"]
 
 
-def _title(comparisons: list[Comparison], builds: Builds) -> str:
-    regressions = sum(1 for c in comparisons if c.verdict == REGRESSION)
-    verdict = f"{regressions} regression(s)" if regressions else "no regression"
-    return f"State-dict benchmark comparison: {verdict} (threshold {builds.threshold})"
+def _peak_rows(peaks: list[PeakComparison]) -> list[list[str]]:
+    return [
+        [
+            p.name,
+            f"{p.baseline_peak / 2**20:.2f}",
+            f"{p.candidate_peak / 2**20:.2f}",
+            f"{p.ratio:.3f}",
+            f"{p.spread:.1%}",
+            REGRESSION.upper() if p.verdict == REGRESSION else p.verdict,
+        ]
+        for p in peaks
+    ]
+
+
+def _title(comparisons: list[Comparison], peaks: list[PeakComparison], builds: Builds) -> str:
+    slower = sum(1 for c in comparisons if c.verdict == REGRESSION)
+    larger = sum(1 for p in peaks if p.verdict == REGRESSION)
+    verdict = f"{slower} time and {larger} memory regression(s)" if slower or larger else ""
+    return (
+        f"State-dict benchmark comparison: {verdict or 'no regression'} (thresholds "
+        f"{builds.threshold} time, {builds.memory_threshold} memory)"
+    )
 
 
 def _method(builds: Builds) -> str:
@@ -90,27 +112,55 @@ def _method(builds: Builds) -> str:
         f"mean of the candidate's run times / the baseline's; interval = {CONFIDENCE:.1%} Welch "
         f"interval on their logs; noise = spread of the log run times; "
         f"MDE = the slowdown flagged with {POWER:.0%} probability at this noise; a regression "
-        f"when the ratio is at least {builds.threshold} and the interval lies above 1."
+        f"when the ratio is at least {builds.threshold} and the interval lies above 1. Peak "
+        f"memory: one measurement per run on the rank that held the most, over its baseline "
+        f"(host, and device on accelerators); ratio = the medians' ratio; spread = the larger "
+        f"side's range over its median; a regression when the ratio is at least "
+        f"{builds.memory_threshold} and every candidate run is above every baseline run; peaks "
+        f"below {smallest_judged_peak(builds.memory_threshold) / 2**20:.2f} MiB are not judged "
+        f"(their change would be below the probe's resolution)."
     )
 
 
-def markdown(comparisons: list[Comparison], builds: Builds, plots: dict[str, str]) -> str:
-    lines = [f"# {_title(comparisons, builds)}", "", _method(builds), ""]
-    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in _rows(comparisons)]
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def markdown(
+    comparisons: list[Comparison],
+    peaks: list[PeakComparison],
+    builds: Builds,
+    plots: dict[str, str],
+) -> str:
+    lines = [f"# {_title(comparisons, peaks, builds)}", "", _method(builds), ""]
+    lines += _markdown_table(HEADER, _rows(comparisons))
+    lines += ["", "## Peak memory", ""]
+    lines += _markdown_table(PEAK_HEADER, _peak_rows(peaks))
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
 
 
-def html(comparisons: list[Comparison], builds: Builds, plots: dict[str, str]) -> str:
-    head = "".join(f"<th>{escape(cell)}</th>" for cell in HEADER)
+def _html_table(header: list[str], verdicts: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
     body = "".join(
-        f'<tr class="{escape(comparison.verdict)}">'
+        f'<tr class="{escape(verdict)}">'
         + "".join(f"<td>{escape(cell)}</td>" for cell in row)
         + "</tr>"
-        for comparison, row in zip(comparisons, _rows(comparisons), strict=True)
+        for verdict, row in zip(verdicts, rows, strict=True)
     )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html(
+    comparisons: list[Comparison],
+    peaks: list[PeakComparison],
+    builds: Builds,
+    plots: dict[str, str],
+) -> str:
+    times = _html_table(HEADER, [c.verdict for c in comparisons], _rows(comparisons))
+    memory = _html_table(PEAK_HEADER, [p.verdict for p in peaks], _peak_rows(peaks))
     images = "".join(
         f'<figure><img src="{escape(path)}" alt="{escape(name)}"></figure>'
         for name, path in plots.items()
@@ -120,9 +170,9 @@ def html(comparisons: list[Comparison], builds: Builds, plots: dict[str, str]) -
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
         "tr.regression{background:#ffd7d5}tr.improvement{background:#dafbe1}"
     )
-    title = escape(_title(comparisons, builds))
+    title = escape(_title(comparisons, peaks, builds))
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f"<style>{style}</style></head><body><h1>{title}</h1><p>{escape(_method(builds))}</p>"
-        f"<table><tr>{head}</tr>{body}</table><h2>Plots</h2>{images}</body></html>\n"
+        f"{times}<h2>Peak memory</h2>{memory}<h2>Plots</h2>{images}</body></html>\n"
     )

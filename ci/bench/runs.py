@@ -18,6 +18,7 @@ from ci.gate.target import SUITE_ROOT
 # The builds' own operations; the oracle's speed says nothing about a build.
 STATE_DICT_OPS = "ci/bench/benchmarks/test_state_dict_ops.py"
 Timings = dict[str, list[float]]  # each benchmark's rounds, in seconds
+Peaks = dict[str, int]  # each benchmark's peak memory on its largest rank, in bytes
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,17 @@ def read_timings(path: Path) -> tuple[Timings, str]:
     timings = {b["param"]: list(b["stats"]["data"]) for b in data["benchmarks"]}
     versions = {b["extra_info"]["torch"] for b in data["benchmarks"]}
     return timings, ", ".join(sorted(versions))
+
+
+def read_peaks(path: Path) -> Peaks:
+    """Each benchmark's peak memory from a run's JSON: the host's as ``NAME host``, and the
+    device's as ``NAME device`` where the world ran on an accelerator. A benchmark without a
+    host figure (no probe on this machine) has none."""
+    data = json.loads(path.read_text())
+    peaks = {}
+    for benchmark in data["benchmarks"]:
+        info = benchmark["extra_info"]
+        for where in ("host", "device"):
+            if info.get(f"peak_{where}_bytes") is not None:
+                peaks[f"{benchmark['param']} {where}"] = int(info[f"peak_{where}_bytes"])
+    return peaks

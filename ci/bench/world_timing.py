@@ -1,4 +1,4 @@
-"""Timing inside a world: barrier, run, and the slowest rank's seconds."""
+"""Measuring inside a world: the slowest rank's seconds, and the largest rank's peak memory."""
 
 from __future__ import annotations
 
@@ -35,3 +35,27 @@ def time_max_over_ranks(world: Any, action: Callable[[], object]) -> float:
     elapsed = torch.tensor([stop - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())
+
+
+def peak_max_over_ranks(world: Any, action: Callable[[], object]) -> tuple[int | None, int | None]:
+    """Bytes ``action`` held at most over each rank's baseline, on the rank that held the
+    most: on the host (None where ``harness.memory`` cannot measure it) and on the device
+    (None in a CPU world). What ``action`` returns is dropped when it returns, after the
+    peak it made."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.memory import host_probe_missing, measure_peak
+
+    measurable = host_probe_missing() is None
+    world.barrier()
+    if measurable:
+        with measure_peak(world.device_type) as peak:
+            action()
+        figures = [peak.host, -1 if peak.device is None else peak.device]
+    else:
+        figures = [-1, -1]
+    largest = torch.tensor(figures, dtype=torch.int64)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    host, device = (int(value) for value in largest.tolist())
+    return (host if host >= 0 else None), (device if device >= 0 else None)

@@ -1,8 +1,11 @@
 """Benchmarks of the torch build's state-dict operations, timed inside a world.
 
 Each case runs on every rank: one warm-up round, then ``--bench-rounds`` rounds of
-barrier, time, maximum over ranks. pytest-benchmark records the ranks' timings through
-a replay clock, so ``--benchmark-json`` holds them with its usual statistics.
+barrier, time, maximum over ranks, then one round whose peak memory each rank measures
+over its own baseline (``harness.memory``; the largest rank's, host and device, goes to the
+benchmark's ``extra_info`` as ``peak_host_bytes`` and ``peak_device_bytes``).
+pytest-benchmark records the ranks' timings through a replay clock, so ``--benchmark-json``
+holds them with its usual statistics.
 
     python -m pytest ci/bench/benchmarks --benchmark-json=bench.json [--bench-sizes-mib 4,32]
 """
@@ -20,13 +23,16 @@ from ci.bench.world import run_timed, write_timings
 
 
 def measure(world: Any, case: BenchCase, rounds: int, workdir: str) -> None:
-    """Runs on every rank: time ``case``; rank 0 hands back the slowest rank's seconds."""
+    """Runs on every rank: time ``case``, then measure its peak memory; rank 0 hands back
+    the slowest rank's seconds and the largest rank's peak."""
     from ci.bench.ops import prepare
-    from ci.bench.world_timing import time_max_over_ranks
+    from ci.bench.world_timing import peak_max_over_ranks, time_max_over_ranks
 
     operation = prepare(case, world, Path(workdir))
     time_max_over_ranks(world, operation)  # warm-up: allocations, caches, lazy init
-    write_timings(world, [time_max_over_ranks(world, operation) for _ in range(rounds)])
+    seconds = [time_max_over_ranks(world, operation) for _ in range(rounds)]
+    host, device = peak_max_over_ranks(world, operation)
+    write_timings(world, {"seconds": seconds, "peak_host_bytes": host, "peak_device_bytes": device})
 
 
 @pytest.mark.benchmark(timer=CLOCK.now, group="state-dict")
@@ -40,7 +46,7 @@ def test_state_dict_op(
 ) -> None:
     rounds = request.config.getoption("bench_rounds")
     params = {"case": case, "rounds": rounds, "workdir": str(bench_workdir)}
-    timings = run_timed(bench_world, measure, params, tmp_path)
+    measured = run_timed(bench_world, measure, params, tmp_path)
     import torch
 
     benchmark.extra_info.update(
@@ -51,5 +57,7 @@ def test_state_dict_op(
         parallelism=case.parallelism,
         world_size=bench_world.spec.size,
         backend=bench_world.spec.backend,
+        peak_host_bytes=measured["peak_host_bytes"],
+        peak_device_bytes=measured["peak_device_bytes"],
     )
-    benchmark.pedantic(CLOCK.replay_round, rounds=CLOCK.load(timings), iterations=1)
+    benchmark.pedantic(CLOCK.replay_round, rounds=CLOCK.load(measured["seconds"]), iterations=1)
