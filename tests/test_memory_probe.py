@@ -1,15 +1,26 @@
-"""The peak-memory probe sees what a block held at most, over the baseline at its entry."""
+"""The peak-memory probe sees what a block held at most, over the baseline at its entry,
+to within its stated resolution (it may read low by up to ``HOST_RESOLUTION_BYTES``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness import devices
-from harness.memory import HOST_RESOLUTION_BYTES, host_probe_missing, measure_peak
+from harness.memory import HOST_RESOLUTION_BYTES, Peak, host_probe_missing, measure_peak
 
 MIB = 2**20
+RESOLUTION = HOST_RESOLUTION_BYTES
 pytestmark = pytest.mark.skipif(host_probe_missing() is not None, reason=str(host_probe_missing()))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _intra_op_threads_started() -> None:
+    """The intra-op thread pool starts at a process's first parallel operation, with its
+    threads' stacks and heaps; start it before the blocks these tests measure."""
+    torch.ones(2**22).add_(1)
 
 
 def _filled(size: int, device: str = "cpu") -> torch.Tensor:
@@ -28,14 +39,14 @@ def test_a_tensor_freed_inside_the_block_still_counts() -> None:
         first = _filled(64 * MIB)
         second = first.clone()
         del first, second
-    assert 128 * MIB <= peak.host < 128 * MIB + 4 * MIB
+    assert 128 * MIB - RESOLUTION <= peak.host < 128 * MIB + 4 * MIB
 
 
 def test_memory_held_before_the_block_is_baseline_not_peak() -> None:
     held = _filled(96 * MIB)
     with measure_peak() as peak:
         extra = _filled(16 * MIB)
-    assert 16 * MIB <= peak.host < 16 * MIB + 4 * MIB
+    assert 16 * MIB - RESOLUTION <= peak.host < 16 * MIB + 4 * MIB
     del held, extra
 
 
@@ -46,15 +57,36 @@ def test_memory_freed_before_the_block_is_reused_without_hiding_the_peak() -> No
     del small
     with measure_peak() as peak:
         again = [_filled(4096) for _ in range(8192)]
-    assert peak.host >= 32 * MIB
+    assert peak.host >= 32 * MIB - RESOLUTION
     del again
 
 
+def test_a_reading_is_low_by_at_most_the_resolution() -> None:
+    # Blocks of exactly 2 MiB in tensors the allocator maps on their own, many times over:
+    # the kernel's batched page counts make some readings low, none by more than stated.
+    readings = []
+    for _ in range(50):
+        with measure_peak() as peak:
+            block = [_filled(256 * 1024) for _ in range(8)]
+            del block
+        readings.append(peak.host)
+    assert min(readings) >= 2 * MIB - RESOLUTION, sorted(readings)[:5]
+
+
+def test_transparent_huge_pages_are_off_while_measuring() -> None:
+    # A huge page faulted for a new thread's stack or heap would count 2 MiB for a few kB.
+    status = Path("/proc/self/status").read_text()
+    if "THP_enabled:" not in status:
+        pytest.skip("this kernel does not report THP_enabled in /proc/self/status")
+    with measure_peak():
+        pass
+    status = Path("/proc/self/status").read_text()
+    assert "THP_enabled:\t0" in status
+
+
 def test_peaks_describe_themselves_in_mib() -> None:
-    with measure_peak() as peak:
-        block = _filled(8 * MIB)
-    assert peak.describe().startswith("host 8.")
-    del block
+    assert Peak("cpu", host=8 * MIB + MIB // 2).describe() == "host 8.5 MiB"
+    assert Peak("cuda", host=0, device=3 * MIB).describe() == "host 0.0 MiB, cuda 3.0 MiB"
 
 
 @pytest.mark.skipif(devices.accelerator() is None, reason="no accelerator in this build or machine")

@@ -3,9 +3,9 @@ run-to-run spread, and the verdict.
 
 A run measures each benchmark's peak once, on the rank that held the most. Memory is nearly
 deterministic (the spread of most benchmarks between runs is below 1%), so a regression is
-a typical ratio at or above the threshold whose runs do not overlap: every candidate run
-above every baseline run. Peaks too small for the threshold to exceed the probe's
-resolution are reported, not judged.
+a typical ratio at or above the threshold whose runs stand apart: every candidate run above
+every baseline run by more than the probe's resolution (``HOST_RESOLUTION_BYTES``), so that
+a small peak's change is judged only when it is larger than what the probe can miss.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from statistics import median
 
 from ci.bench.stats import IMPROVEMENT, REGRESSION, UNCHANGED
 from harness.memory import HOST_RESOLUTION_BYTES
-
-NOT_JUDGED = "not judged"
 
 
 @dataclass(frozen=True)
@@ -39,12 +37,6 @@ class PeakComparison:
         return float(median(self.candidate))
 
 
-def smallest_judged_peak(threshold: float) -> float:
-    """The smallest baseline peak whose change by ``threshold`` exceeds the probe's
-    resolution (1.25 MiB at 1.05)."""
-    return HOST_RESOLUTION_BYTES / (threshold - 1)
-
-
 def _spread(peaks: tuple[int, ...]) -> float:
     middle = median(peaks)
     return (max(peaks) - min(peaks)) / middle if middle else 0.0
@@ -54,19 +46,17 @@ def compare_peaks(
     name: str, baseline: tuple[int, ...], candidate: tuple[int, ...], threshold: float
 ) -> PeakComparison:
     """A regression when the candidate's typical peak is at least ``threshold`` times the
-    baseline's and every candidate run is above every baseline run; an improvement likewise
-    below; peaks under ``smallest_judged_peak`` are not judged."""
+    baseline's and every candidate run is above every baseline run by more than the probe's
+    resolution; an improvement likewise below."""
     if not baseline or not candidate:
         raise ValueError(f"{name}: both sides need at least one peak")
     if threshold <= 1:
         raise ValueError(f"the threshold is a ratio above 1, got {threshold}")
     ratio = median(candidate) / max(median(baseline), 1)
     verdict = UNCHANGED
-    if median(baseline) < smallest_judged_peak(threshold):
-        verdict = NOT_JUDGED
-    elif ratio >= threshold and min(candidate) > max(baseline):
+    if ratio >= threshold and min(candidate) - max(baseline) > HOST_RESOLUTION_BYTES:
         verdict = REGRESSION
-    elif ratio <= 1 / threshold and max(candidate) < min(baseline):
+    elif ratio <= 1 / threshold and min(baseline) - max(candidate) > HOST_RESOLUTION_BYTES:
         verdict = IMPROVEMENT
     spread = max(_spread(baseline), _spread(candidate))
     return PeakComparison(name, baseline, candidate, ratio, spread, verdict)

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from ci.bench.memory_stats import PeakComparison, smallest_judged_peak
+from ci.bench.memory_stats import PeakComparison
 from ci.bench.stats import CONFIDENCE, POWER, REGRESSION, UNCHANGED, Comparison
+from harness.memory import HOST_RESOLUTION_BYTES
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,8 @@ def _method(builds: Builds) -> str:
         f"memory: one measurement per run on the rank that held the most, over its baseline "
         f"(host, and device on accelerators); ratio = the medians' ratio; spread = the larger "
         f"side's range over its median; a regression when the ratio is at least "
-        f"{builds.memory_threshold} and every candidate run is above every baseline run; peaks "
-        f"below {smallest_judged_peak(builds.memory_threshold) / 2**20:.2f} MiB are not judged "
-        f"(their change would be below the probe's resolution)."
+        f"{builds.memory_threshold} and every candidate run is above every baseline run by more "
+        f"than the probe's resolution ({HOST_RESOLUTION_BYTES // 1024} KiB on this machine)."
     )
 
 
