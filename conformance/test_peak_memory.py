@@ -1,9 +1,11 @@
-"""Memory is part of the contract: each state-dict utility's peak per rank stays in its bound.
+"""Memory is part of the contract: each state-dict operation's peak per rank stays in its bound.
 
 Every parallelism of the matrix at 2 and 4 ranks builds ``conformance.models.sized`` (about
 40 MiB of parameters, 120 MiB with Adam's state, per world), takes one step, and runs each
-utility of ``torch/distributed/_state_dict_utils.py`` on its state dicts, measuring every
-rank's peak over its own baseline (``harness.memory``). The bound of each call comes from
+utility of ``torch/distributed/_state_dict_utils.py`` on its state dicts, and
+``get_model_state_dict`` / ``get_optimizer_state_dict`` / ``set_*`` with every combination of
+``full_state_dict``, ``cpu_offload`` and ``broadcast_from_rank0``, measuring every rank's
+peak over its own baseline (``harness.memory``). The bound of each call comes from
 the contract and the tensors' sizes and placements alone (``reference_impl.peak_memory``),
 plus a measured slack (``conformance._memory.SLACK_BYTES``): a build that returns the right
 values while holding one more copy of the model fails here. A failure names the rank, the
@@ -13,6 +15,7 @@ whole state dict. Values are judged elsewhere (``test_state_dict_utils.py``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -23,7 +26,7 @@ import reference_impl as ri
 from conformance import _fsdp1
 from conformance._memory import Measured, assert_within_bounds, measure, skip_without_a_probe
 from conformance._parallelisms import PARALLELISMS, Parallelism
-from conformance._upstream import sdu
+from conformance._upstream import dsd, sdu
 from conformance.models.sized import seeded_wide_and_narrow, wide_batch
 from reference_impl import peak_memory as bounds
 
@@ -40,15 +43,21 @@ def applies(size: int, name: str) -> bool:
     return size in (2, 4) and PARALLELISMS[name].supports(size)
 
 
-def sized_state(cell: Parallelism, world: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The sized model in ``cell`` after one Adam step: its model state dict (FSDP1's
-    sharded one) and its optimizer's own state dict."""
+def sized_model(cell: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The sized model in ``cell`` and its Adam optimizer, after one step."""
     cell.skip_unless_runnable(world.device)
     model = cell.parallelise(seeded_wide_and_narrow(), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     model(wide_batch(0).to(world.device)).pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+def sized_state(cell: Parallelism, world: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sized model's state dict in ``cell`` after one Adam step (FSDP1's sharded one)
+    and its optimizer's own state dict."""
+    model, optimizer = sized_model(cell, world)
     if cell.fsdp1:
         model_state = _fsdp1.torch_model_state_dict(model, "sharded", world.device)
     else:
@@ -129,3 +138,103 @@ def test_state_dict_utilities_stay_within_their_memory_bounds(world, name):
         *measured_broadcast_and_distribution(world, model_state),
     ]
     assert_within_bounds(world, f"w{world.size}-{name}", measured)
+
+
+FULL_OFFLOAD = {"full_state_dict": True, "cpu_offload": True}
+GET_OPTIONS = [
+    {"full_state_dict": full, "cpu_offload": offload}
+    for full in (False, True)
+    for offload in (False, True)
+]
+
+
+def _words(options: dict[str, bool]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in options.items())
+
+
+def fsdp1_unit_bytes(cell: Parallelism, state: Any) -> int | None:
+    """FSDP1's largest unit's full state: the whole model's, in the cells measured here
+    (they wrap the model as one unit); None where the state dict is the model's tensors."""
+    return bounds.unsharded_unit_bytes(state) if cell.fsdp1 else None
+
+
+@pytest.mark.world(2, 4, applies=applies)
+@pytest.mark.parametrize("name", CELLS)
+def test_get_state_dict_stays_within_its_memory_bound(world, name):
+    """``get_model_state_dict`` and ``get_optimizer_state_dict`` with each combination of
+    ``full_state_dict`` and ``cpu_offload``, bounded by the state the model and optimizer
+    hold (their sharded state dicts, taken before measuring)."""
+    skip_without_a_probe()
+    cell = PARALLELISMS[name]
+    model, optimizer = sized_model(cell, world)
+    held = {
+        "model": dsd.get_model_state_dict(model),
+        "optim": dsd.get_optimizer_state_dict(model, optimizer),
+    }
+    getters = {
+        "model": partial(dsd.get_model_state_dict, model),
+        "optim": partial(dsd.get_optimizer_state_dict, model, optimizer),
+    }
+    measured = []
+    for part, get in getters.items():
+        unit = fsdp1_unit_bytes(cell, held[part])
+        for options in GET_OPTIONS:
+            if cell.fsdp1 and options == FULL_OFFLOAD:
+                continue  # crashes FSDP1: test_upstream_failures.py holds it
+            bound = bounds.get_state_dict_peak(
+                held[part], rank=world.rank, fsdp1_unit_bytes=unit, **options
+            )
+            bound = replace(bound, operation=f"get_{part}_state_dict({_words(options)})")
+            call = partial(get, options=dsd.StateDictOptions(**options))
+            measured.append(measure(world, bound, call))
+    assert_within_bounds(world, f"w{world.size}-{name}-get", measured)
+
+
+# Upstream loads no full state dict into FSDP1 + TP (its named_parameters are not DTensors;
+# the documented way is through DCP, pytorch/pytorch#135763).
+SET_CELLS = [name for name in CELLS if name != "fsdp1_tp"]
+
+
+@pytest.mark.world(2, 4, applies=applies)
+@pytest.mark.parametrize("name", SET_CELLS)
+def test_set_state_dict_stays_within_its_memory_bound(world, name):
+    """``set_model_state_dict`` and ``set_optimizer_state_dict`` from full state dicts held
+    by every rank, and broadcast from rank 0's (the others pass ``{}``), bounded by the
+    state the model and optimizer hold."""
+    skip_without_a_probe()
+    cell = PARALLELISMS[name]
+    model, optimizer = sized_model(cell, world)
+    held = {
+        "model": dsd.get_model_state_dict(model),
+        "optim": dsd.get_optimizer_state_dict(model, optimizer),
+    }
+    setters = {
+        "model": lambda state, options: dsd.set_model_state_dict(model, state, options=options),
+        "optim": lambda state, options: dsd.set_optimizer_state_dict(
+            model, optimizer, state, options=options
+        ),
+    }
+    getters = {
+        "model": partial(dsd.get_model_state_dict, model),
+        "optim": partial(dsd.get_optimizer_state_dict, model, optimizer),
+    }
+    measured = []
+    for part, set_state in setters.items():
+        bound = bounds.set_state_dict_peak(
+            held[part], device=world.device, fsdp1_unit_bytes=fsdp1_unit_bytes(cell, held[part])
+        )
+        everywhere = getters[part](options=dsd.StateDictOptions(full_state_dict=True))
+        options = {"full_state_dict": True}
+        named = replace(bound, operation=f"set_{part}_state_dict({_words(options)})")
+        load = partial(set_state, everywhere, dsd.StateDictOptions(**options))
+        measured.append(measure(world, named, load))
+        del everywhere, load
+        source = getters[part](options=dsd.StateDictOptions(full_state_dict=True))
+        if world.rank != 0:
+            source = {}
+        options = {"full_state_dict": True, "broadcast_from_rank0": True}
+        named = replace(bound, operation=f"set_{part}_state_dict({_words(options)})")
+        load = partial(set_state, source, dsd.StateDictOptions(**options))
+        measured.append(measure(world, named, load))
+        del source, load
+    assert_within_bounds(world, f"w{world.size}-{name}-set", measured)

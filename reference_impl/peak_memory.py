@@ -30,6 +30,9 @@ from torch.distributed.tensor import DTensor
 # yet have released the previous step's buffers when the next step allocates its own, so
 # two steps' worth: four of the largest full tensor.
 TRANSIENT_FULL_TENSORS: Final = 4
+# FSDP1 unshards a whole wrapped unit at once: the unit's full flat state, and beside it the
+# collective's receive buffer of the same size (gloo gathers into one and copies out).
+TRANSIENT_UNITS: Final = 2
 
 
 @dataclass(frozen=True)
@@ -218,3 +221,70 @@ def distribute_state_dict_peak(
         result += _on(value, local_bytes(value), host=host)
     transient = _largest_step(dtensors, host=host)
     return _bound("_distribute_state_dict", local_state_dict, result, transient)
+
+
+def unsharded_unit_bytes(unit_state: Any) -> int:
+    """Full bytes of one wrapped unit's state (its parameters, or its optimizer's tensor
+    states): what FSDP1 unshards at once to build or load any state dict of that unit.
+    Scalars (Adam's ``step``) are kept whole, never gathered, and not counted."""
+    return sum(full_bytes(value) for value in _tensors(unit_state) if value.dim() > 0)
+
+
+def _unit(state: Any, unit_bytes: int | None) -> Footprint:
+    first = next(_tensors(state), None)
+    if not unit_bytes or first is None:
+        return Footprint()
+    return _on(first, TRANSIENT_UNITS * unit_bytes)
+
+
+def get_state_dict_peak(
+    state: Any,
+    *,
+    rank: int,
+    full_state_dict: bool,
+    cpu_offload: bool,
+    fsdp1_unit_bytes: int | None = None,
+) -> PeakBound:
+    """Bounds ``get_model_state_dict`` / ``get_optimizer_state_dict`` where ``state`` is
+    what the model or optimizer holds (its sharded state dict): a full state dict is
+    ``state`` gathered, kept on rank 0 alone and on the host with ``cpu_offload``;
+    ``cpu_offload`` alone offloads it on every rank; with neither, the call returns the
+    tensors already held. FSDP1 (``fsdp1_unit_bytes`` given: its largest unit's
+    ``unsharded_unit_bytes``) builds each state dict anew from one unit unsharded at a
+    time: its sharded dicts are new copies of the local pieces, and the unit's full state
+    may be held beside the result."""
+    if full_state_dict:
+        ranks_only = (0,) if cpu_offload else ()
+        base = gather_state_dict_peak(
+            state, rank=rank, ranks_only=ranks_only, cpu_offload=cpu_offload
+        )
+    elif cpu_offload:
+        base = offload_state_dict_to_cpu_peak(state, rank=rank)
+    else:
+        base = _bound("", state, Footprint(), Footprint())
+    result = base.result
+    if fsdp1_unit_bytes is not None and not full_state_dict:
+        for value in _tensors(state):
+            result += _on(value, local_bytes(value))
+    name = f"get_state_dict(full_state_dict={full_state_dict}, cpu_offload={cpu_offload})"
+    return _bound(name, state, result, base.transient + _unit(state, fsdp1_unit_bytes))
+
+
+def set_state_dict_peak(
+    targets: Any, *, device: torch.device, fsdp1_unit_bytes: int | None = None
+) -> PeakBound:
+    """Bounds ``set_model_state_dict`` / ``set_optimizer_state_dict`` from a full state
+    dict (on every rank, or broadcast from rank 0) into a model or optimizer holding
+    ``targets`` (its sharded state dict): each target receives a new tensor on ``device``
+    before the old one is let go, of the target's local size (a DTensor's piece, a tensor
+    that is not distributed whole), one tensor in flight at a time. FSDP1 receives every
+    tensor whole and then loads one unit at a time, unsharded (``TRANSIENT_UNITS`` of it),
+    beside that."""
+    host = device.type == "cpu"
+    size_of = full_bytes if fsdp1_unit_bytes is not None else local_bytes
+    tensors = [value for value in _tensors(targets) if value.dim() > 0]
+    result = Footprint()
+    for value in tensors:
+        result += _on(value, size_of(value), host=host)
+    transient = _largest_step(tensors, host=host) + _unit(targets, fsdp1_unit_bytes)
+    return _bound("set_state_dict", targets, result, transient)

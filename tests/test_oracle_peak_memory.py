@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl import peak_memory as bounds
-from reference_impl.peak_memory import TRANSIENT_FULL_TENSORS, Footprint
+from reference_impl.peak_memory import TRANSIENT_FULL_TENSORS, TRANSIENT_UNITS, Footprint
 
 KIB = 1024
 CPU = torch.device("cpu")
@@ -86,3 +86,38 @@ def test_a_cpu_world_counts_device_bytes_as_host_bytes() -> None:
     bound = bounds.PeakBound("op", Footprint(1, 2), Footprint(4, 8), 0, 0)
     assert bound.limit(16, separate_device=False) == Footprint(host=31)
     assert bound.limit(16, separate_device=True) == Footprint(host=21, device=26)
+
+
+def test_a_unit_counts_its_tensors_whole_and_not_its_scalars(mesh: object) -> None:
+    state = {"w": sharded(mesh, 1024), "b": floats(256), "step": torch.tensor(3.0)}
+    assert bounds.unsharded_unit_bytes(state) == 5 * KIB
+
+
+def test_get_state_dict_gathers_only_when_full(mesh: object) -> None:
+    state = {"w": sharded(mesh, 1024), "b": floats(256)}
+    held = bounds.get_state_dict_peak(state, rank=0, full_state_dict=False, cpu_offload=False)
+    assert (held.result, held.transient) == (Footprint(), Footprint())
+    full = bounds.get_state_dict_peak(state, rank=0, full_state_dict=True, cpu_offload=False)
+    assert full.result == Footprint(host=4 * KIB)
+    assert full.transient == Footprint(host=TRANSIENT_FULL_TENSORS * 4 * KIB)
+    # Offloaded full state dicts stay on rank 0.
+    other = bounds.get_state_dict_peak(state, rank=1, full_state_dict=True, cpu_offload=True)
+    assert other.result == Footprint()
+
+
+def test_fsdp1_state_dicts_are_new_copies_beside_an_unsharded_unit(mesh: object) -> None:
+    state = {"w": sharded(mesh, 1024), "b": floats(256)}
+    bound = bounds.get_state_dict_peak(
+        state, rank=0, full_state_dict=False, cpu_offload=False, fsdp1_unit_bytes=5 * KIB
+    )
+    assert bound.result == Footprint(host=5 * KIB)
+    assert bound.transient == Footprint(host=TRANSIENT_UNITS * 5 * KIB)
+
+
+def test_set_state_dict_receives_local_pieces_and_fsdp1_whole_tensors(mesh: object) -> None:
+    targets = {"w": sharded(mesh, 1024), "step": torch.tensor(1.0)}
+    plain = bounds.set_state_dict_peak(targets, device=CPU)
+    assert plain.result == Footprint(host=4 * KIB)
+    assert plain.transient == Footprint(host=TRANSIENT_FULL_TENSORS * 4 * KIB)
+    fsdp1 = bounds.set_state_dict_peak(targets, device=CPU, fsdp1_unit_bytes=4 * KIB)
+    assert fsdp1.transient == plain.transient + Footprint(host=TRANSIENT_UNITS * 4 * KIB)
