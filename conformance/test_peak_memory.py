@@ -15,6 +15,7 @@ whole state dict. Values are judged elsewhere (``test_state_dict_utils.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -152,6 +153,17 @@ def _words(options: dict[str, bool]) -> str:
     return ", ".join(f"{key}={value}" for key, value in options.items())
 
 
+def state_getters(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Callable[..., dict[str, Any]]]:
+    """``get_model_state_dict`` and ``get_optimizer_state_dict`` of the pair, by part; called
+    without options, what the model and optimizer hold (their sharded state dicts)."""
+    return {
+        "model": partial(dsd.get_model_state_dict, model),
+        "optim": partial(dsd.get_optimizer_state_dict, model, optimizer),
+    }
+
+
 def fsdp1_unit_bytes(cell: Parallelism, state: Any) -> int | None:
     """FSDP1's largest unit's full state: the whole model's, in the cells measured here
     (they wrap the model as one unit); None where the state dict is the model's tensors."""
@@ -167,14 +179,8 @@ def test_get_state_dict_stays_within_its_memory_bound(world, name):
     skip_without_a_probe()
     cell = PARALLELISMS[name]
     model, optimizer = sized_model(cell, world)
-    held = {
-        "model": dsd.get_model_state_dict(model),
-        "optim": dsd.get_optimizer_state_dict(model, optimizer),
-    }
-    getters = {
-        "model": partial(dsd.get_model_state_dict, model),
-        "optim": partial(dsd.get_optimizer_state_dict, model, optimizer),
-    }
+    getters = state_getters(model, optimizer)
+    held = {part: get() for part, get in getters.items()}
     measured = []
     for part, get in getters.items():
         unit = fsdp1_unit_bytes(cell, held[part])
@@ -204,19 +210,13 @@ def test_set_state_dict_stays_within_its_memory_bound(world, name):
     skip_without_a_probe()
     cell = PARALLELISMS[name]
     model, optimizer = sized_model(cell, world)
-    held = {
-        "model": dsd.get_model_state_dict(model),
-        "optim": dsd.get_optimizer_state_dict(model, optimizer),
-    }
+    getters = state_getters(model, optimizer)
+    held = {part: get() for part, get in getters.items()}
     setters = {
         "model": lambda state, options: dsd.set_model_state_dict(model, state, options=options),
         "optim": lambda state, options: dsd.set_optimizer_state_dict(
             model, optimizer, state, options=options
         ),
-    }
-    getters = {
-        "model": partial(dsd.get_model_state_dict, model),
-        "optim": partial(dsd.get_optimizer_state_dict, model, optimizer),
     }
     measured = []
     for part, set_state in setters.items():

@@ -253,21 +253,20 @@ def get_state_dict_peak(
     ``unsharded_unit_bytes``) builds each state dict anew from one unit unsharded at a
     time: its sharded dicts are new copies of the local pieces, and the unit's full state
     may be held beside the result."""
+    result = transient = Footprint()
     if full_state_dict:
         ranks_only = (0,) if cpu_offload else ()
-        base = gather_state_dict_peak(
+        gathered = gather_state_dict_peak(
             state, rank=rank, ranks_only=ranks_only, cpu_offload=cpu_offload
         )
+        result, transient = gathered.result, gathered.transient
     elif cpu_offload:
-        base = offload_state_dict_to_cpu_peak(state, rank=rank)
-    else:
-        base = _bound("", state, Footprint(), Footprint())
-    result = base.result
+        result = offload_state_dict_to_cpu_peak(state, rank=rank).result
     if fsdp1_unit_bytes is not None and not full_state_dict:
         for value in _tensors(state):
             result += _on(value, local_bytes(value))
     name = f"get_state_dict(full_state_dict={full_state_dict}, cpu_offload={cpu_offload})"
-    return _bound(name, state, result, base.transient + _unit(state, fsdp1_unit_bytes))
+    return _bound(name, state, result, transient + _unit(state, fsdp1_unit_bytes))
 
 
 def set_state_dict_peak(

@@ -171,21 +171,12 @@ def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     Runs of a 0.08 ms copy are noisy (10-20% between runs): with three a side, one disturbed
     run widened the 99.8% interval below 1 in about one comparison of four, so five a side."""
     out = tmp_path / "compare"
-    completed = subprocess.run(
-        [
-            sys.executable, "-m", "ci.bench.compare", "--runs", "5", "--warmup-runs", "0",
-            "--out", str(out),
-            "--candidate-env", "GATE_BENCH_SLOWDOWN=3.0", "--",
-            "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB",
-        ],
-        cwd=SUITE_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    output, returncode = _compare(
+        "--runs", "5", "--warmup-runs", "0", "--out", str(out),
+        "--candidate-env", "GATE_BENCH_SLOWDOWN=3.0", "--",
+        "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB",
     )  # fmt: skip
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 1, output
+    assert returncode == 1, output
     assert "copy-2MiB" in output
     assert "regression" in output
     raw = json.loads((out / "raw" / "candidate-0.json").read_text())
@@ -228,21 +219,12 @@ def test_peak_spread_is_the_wider_sides_range() -> None:
 def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
     """A gather that holds 4 MiB more (on a peak of about 4 MiB) is a memory regression."""
     out = tmp_path / "compare"
-    completed = subprocess.run(
-        [
-            sys.executable, "-m", "ci.bench.compare", "--runs", "2", "--warmup-runs", "0",
-            "--out", str(out), "--threshold", "100",
-            "--candidate-env", "GATE_BENCH_EXTRA_MIB=4", "--",
-            "--bench-sizes-mib", "2", "--bench-rounds", "2", "-k", "gather-2MiB",
-        ],
-        cwd=SUITE_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    output, returncode = _compare(
+        "--runs", "2", "--warmup-runs", "0", "--out", str(out), "--threshold", "100",
+        "--candidate-env", "GATE_BENCH_EXTRA_MIB=4", "--",
+        "--bench-sizes-mib", "2", "--bench-rounds", "2", "-k", "gather-2MiB",
     )  # fmt: skip
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 1, output
+    assert returncode == 1, output
     raw = json.loads((out / "raw" / "baseline-0.json").read_text())
     (benchmark,) = raw["benchmarks"]
     assert benchmark["extra_info"]["peak_host_bytes"] >= 2 * MIB - HOST_RESOLUTION_BYTES
@@ -250,6 +232,19 @@ def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
     assert "0 time and 1 memory regression(s)" in report
     assert "| gather-2MiB host |" in report
     assert "| REGRESSION |" in report
+
+
+def _compare(*args: str) -> tuple[str, int]:
+    """``python -m ci.bench.compare ARGS`` in the suite's root: its output and exit status."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "ci.bench.compare", *args],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return completed.stdout + completed.stderr, completed.returncode
 
 
 def _collect(*args: str) -> subprocess.CompletedProcess[str]:
