@@ -13,6 +13,13 @@ from conformance._upstream import fsdp, quiet_deprecations
 FSDP1_CELLS = sorted(name for name, cell in PARALLELISMS.items() if cell.fsdp1)
 
 OPTIM_KINDS = ("full", "full_offloaded", "full_rank0_only", "sharded")
+# Each of ``OPTIM_KINDS`` as the options of the oracle's ``fsdp_optim_state_dict``.
+OPTIM_ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
+    "full": {},
+    "full_rank0_only": {"rank0_only": True},
+    "full_offloaded": {"cpu_offload": True},
+    "sharded": {"shard_state": True},
+}
 MODEL_KINDS = (
     "full",
     "full_rank0_only",

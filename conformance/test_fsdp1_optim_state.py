@@ -30,18 +30,16 @@ from conformance._compare import (
     assert_state_dict_equal,
     assert_trees_identical,
 )
-from conformance._fsdp1 import FSDP1_CELLS, state_names_sorted, under_optim_settings
+from conformance._fsdp1 import (
+    FSDP1_CELLS,
+    OPTIM_ORACLE_OPTIONS,
+    state_names_sorted,
+    under_optim_settings,
+)
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size, first_size_only
 from conformance._upstream import fsdp
 from conformance.models.common import ground_truth, seeded_mlp, train
-
-ORACLE_OPTIONS: dict[str, dict[str, bool]] = {
-    "full": {},
-    "full_rank0_only": {"rank0_only": True},
-    "full_offloaded": {"cpu_offload": True},
-    "sharded": {"shard_state": True},
-}
 
 
 def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
@@ -56,19 +54,19 @@ def _trained(world: Any, name: str, recipe: str) -> tuple[Any, Any]:
 
 
 @pytest.mark.world(2, 4, applies=first_size_only(every_size_if={"recipe": "adam"}))
-@pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
+@pytest.mark.parametrize("config", sorted(OPTIM_ORACLE_OPTIONS))
 @pytest.mark.parametrize("recipe", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_optim_state_dict_matches_the_oracle(world, name, recipe, config):
     model, optimizer = _trained(world, name, recipe)
     save = fsdp.FullyShardedDataParallel.optim_state_dict
     theirs = under_optim_settings(model, config, lambda: save(model, optimizer))
-    ours = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
+    ours = ri.fsdp_optim_state_dict(model, optimizer, **OPTIM_ORACLE_OPTIONS[config])
     assert_trees_identical(theirs, ours)
 
 
 @pytest.mark.world(2, 4, applies=first_size_only())
-@pytest.mark.parametrize("config", sorted(ORACLE_OPTIONS))
+@pytest.mark.parametrize("config", sorted(OPTIM_ORACLE_OPTIONS))
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_no_two_state_tensors_share_memory(world, name, config):
     """Loaded into an optimizer over separate parameters (``use_orig_params``, another
@@ -106,7 +104,7 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
     oracle's must hold the state that was saved.
     """
     model, optimizer = _trained(world, name, recipe)
-    saved = ri.fsdp_optim_state_dict(model, optimizer, **ORACLE_OPTIONS[config])
+    saved = ri.fsdp_optim_state_dict(model, optimizer, **OPTIM_ORACLE_OPTIONS[config])
     to_load = fsdp.FullyShardedDataParallel.optim_state_dict_to_load
     theirs = under_optim_settings(
         model, config, lambda: to_load(model, optimizer, copy.deepcopy(saved))
@@ -115,7 +113,9 @@ def test_optim_state_dict_to_load_matches_the_oracle(world, name, recipe, config
     ours = ri.fsdp_optim_state_dict_to_load(model, fresh, copy.deepcopy(saved))
     assert_trees_identical(state_names_sorted(theirs), ours)
     fresh.load_state_dict(ours)
-    assert_trees_identical(ri.fsdp_optim_state_dict(model, fresh, **ORACLE_OPTIONS[config]), saved)
+    assert_trees_identical(
+        ri.fsdp_optim_state_dict(model, fresh, **OPTIM_ORACLE_OPTIONS[config]), saved
+    )
 
 
 def _saved_flat_adam(world: Any) -> tuple[Any, Any, dict[str, Any]]:

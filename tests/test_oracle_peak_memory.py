@@ -11,7 +11,13 @@ import torch
 import torch.distributed as dist
 
 from reference_impl import peak_memory as bounds
-from reference_impl.peak_memory import TRANSIENT_FULL_TENSORS, TRANSIENT_UNITS, Footprint
+from reference_impl.peak_memory import (
+    ITEMS_IN_FLIGHT,
+    PLAN_BYTES_PER_ITEM,
+    TRANSIENT_FULL_TENSORS,
+    TRANSIENT_UNITS,
+    Footprint,
+)
 
 KIB = 1024
 CPU = torch.device("cpu")
@@ -121,3 +127,43 @@ def test_set_state_dict_receives_local_pieces_and_fsdp1_whole_tensors(mesh: obje
     assert plain.transient == Footprint(host=TRANSIENT_FULL_TENSORS * 4 * KIB)
     fsdp1 = bounds.set_state_dict_peak(targets, device=CPU, fsdp1_unit_bytes=4 * KIB)
     assert fsdp1.transient == plain.transient + Footprint(host=TRANSIENT_UNITS * 4 * KIB)
+
+
+def test_dcp_keeps_nothing_and_plans_every_item(mesh: object) -> None:
+    # Four items: two tensors, a scalar and a list's one element.
+    state = {"w": sharded(mesh, 1024), "p": floats(256), "opt": {"step": 3, "lr": [0.1]}}
+    staged = ITEMS_IN_FLIGHT * 4 * KIB
+    coordinator = bounds.dcp_save_peak(state, rank=0, world_size=2)
+    assert coordinator.result == Footprint()
+    assert coordinator.transient == Footprint(host=staged + 8 * PLAN_BYTES_PER_ITEM)
+    other = bounds.dcp_save_peak(state, rank=1, world_size=2)
+    assert other.transient == Footprint(host=staged + 4 * PLAN_BYTES_PER_ITEM)
+    load = bounds.dcp_load_peak(state, world_size=2)
+    assert (load.result, load.transient) == (Footprint(), coordinator.transient)
+
+
+def test_fsdp1_optimizer_conversions_hold_a_unit_beside_their_result(mesh: object) -> None:
+    held = {"w": sharded(mesh, 1024), "b": floats(256)}
+    unit = 5 * KIB
+    full = bounds.fsdp1_optim_state_dict_peak(held, rank=0, unit_bytes=unit)
+    assert full.result == Footprint(host=4 * KIB)
+    gathered = Footprint(host=TRANSIENT_FULL_TENSORS * 4 * KIB)
+    assert full.transient == gathered + Footprint(host=TRANSIENT_UNITS * unit)
+    elsewhere = bounds.fsdp1_optim_state_dict_peak(held, rank=1, unit_bytes=unit, rank0_only=True)
+    assert elsewhere.result == Footprint()
+    sharded_dict = bounds.fsdp1_optim_state_dict_peak(
+        held, rank=1, unit_bytes=unit, shard_state=True
+    )
+    assert sharded_dict.result == Footprint(host=5 * KIB)
+    assert sharded_dict.transient == Footprint(host=TRANSIENT_UNITS * unit)
+
+
+def test_fsdp1_loads_gather_a_sharded_input_one_tensor_at_a_time(mesh: object) -> None:
+    held = {"w": sharded(mesh, 1024), "b": floats(256)}
+    full = bounds.fsdp1_optim_load_peak(held, unit_bytes=5 * KIB, shard_state=False)
+    assert full.result == Footprint(host=5 * KIB)
+    assert full.transient == Footprint(host=TRANSIENT_UNITS * 5 * KIB)
+    from_shards = bounds.fsdp1_optim_load_peak(held, unit_bytes=5 * KIB, shard_state=True)
+    assert from_shards.transient == full.transient + Footprint(
+        host=TRANSIENT_FULL_TENSORS * 4 * KIB
+    )

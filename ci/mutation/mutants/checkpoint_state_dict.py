@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import _IncompatibleKeys
 
@@ -21,6 +22,7 @@ OBSERVING = "conformance/test_observing_is_free.py"
 RESUMING = "conformance/test_resuming_commutes_with_training.py"
 LOADING = "conformance/test_loading_leaves_its_input.py"
 MALFORMED = "conformance/test_malformed_loads_name_the_key.py"
+PEAK_MEMORY = "conformance/test_peak_memory.py"
 
 
 @contextlib.contextmanager
@@ -63,6 +65,18 @@ def _full_offloaded_on_every_rank(original: Fn) -> Fn:
         from torch.distributed import _state_dict_utils
 
         return _state_dict_utils._gather_state_dict(state_dict, cpu_offload=info.cpu_offload)
+
+    return full_or_cpu
+
+
+def _full_offloaded_gathered_everywhere(original: Fn) -> Fn:
+    def full_or_cpu(state_dict: dict[str, Any], info: Any) -> Any:
+        if not (info.full_state_dict and info.cpu_offload and dist.is_initialized()):
+            return original(state_dict, info)
+        from torch.distributed import _state_dict_utils
+
+        gathered = _state_dict_utils._gather_state_dict(state_dict, cpu_offload=True)
+        return gathered if dist.get_rank() == 0 else {}
 
     return full_or_cpu
 
@@ -248,6 +262,14 @@ MUTANTS = [
         "_maybe_full_or_cpu_state_dict",
         "full_state_dict with cpu_offload keeps the result on every rank, not rank 0 only",
         _full_offloaded_on_every_rank,
+    ),
+    _mutant(
+        "full_offloaded_state_dict_gathered_on_every_rank",
+        "_maybe_full_or_cpu_state_dict",
+        "full_state_dict with cpu_offload gathers the whole state dict on every rank and "
+        "drops it off rank 0 at the end: the right values, a whole model on every rank",
+        _full_offloaded_gathered_everywhere,
+        PEAK_MEMORY,
     ),
     _mutant(
         "extra_state_dropped",
