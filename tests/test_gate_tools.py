@@ -127,3 +127,13 @@ def test_recorded_durations_are_the_longest_complete_run_of_each_test_function()
     )
     results.tests[1] = TestResult(f"{M}::test_a[w4-ddp]", "xfailed", 3.5, "m", "ddp", 4)
     assert durations.durations(results) == {f"{M}::test_a": 3.5}
+
+
+def test_an_update_replaces_and_adds_measured_functions_and_keeps_the_others() -> None:
+    recorded = {f"{M}::test_z": 1.0, f"{M}::test_b": 2.0}
+    measured = {f"{M}::test_b": 5.0, f"{M}::test_a": 3.0}
+    assert list(durations.updated(recorded, measured).items()) == [
+        (f"{M}::test_a", 3.0),
+        (f"{M}::test_b", 5.0),
+        (f"{M}::test_z", 1.0),
+    ]
