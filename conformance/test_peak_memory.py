@@ -250,10 +250,15 @@ def dcp_state(world: Any, name: str) -> dict[str, Any]:
     return {part: get() for part, get in state_getters(model, optimizer).items()}
 
 
+# A process's first DCP calls build what later calls reuse (a fresh world's first save of the
+# sized state peaked 1.4 to 3.7 MiB higher than the steady state on 2.13.0): each check
+# measures the second of two calls, as a training loop that checkpoints again would see.
+
+
 @pytest.mark.world(2, 4, applies=applies)
 @pytest.mark.parametrize("name", CELLS)
 def test_dcp_save_stays_within_its_memory_bound(world, name):
-    """``dcp.save`` of the sharded state dicts through the file system."""
+    """``dcp.save`` of the sharded state dicts through the file system, saved once before."""
     skip_without_a_probe()
     if world.device_type != "cpu":
         pytest.skip(
@@ -262,19 +267,22 @@ def test_dcp_save_stays_within_its_memory_bound(world, name):
             "the manifest cannot yet hold a divergence of one device kind"
         )
     state = dcp_state(world, name)
+    dcp.save(state, checkpoint_id=str(world.tmp_path / "first"))
     bound = bounds.dcp_save_peak(state, rank=world.rank, world_size=world.size)
-    save = partial(dcp.save, state, checkpoint_id=str(world.tmp_path / "checkpoint"))
+    save = partial(dcp.save, state, checkpoint_id=str(world.tmp_path / "second"))
     assert_within_bounds(world, f"w{world.size}-{name}-dcp", [measure(world, bound, save)])
 
 
 @pytest.mark.world(2, 4, applies=applies)
 @pytest.mark.parametrize("name", CELLS)
 def test_dcp_load_stays_within_its_memory_bound(world, name):
-    """``dcp.load`` into the sharded state dicts of the checkpoint they were saved to."""
+    """``dcp.load`` into the sharded state dicts of the checkpoint they were saved to, loaded
+    once before."""
     skip_without_a_probe()
     state = dcp_state(world, name)
     path = str(world.tmp_path / "checkpoint")
     dcp.save(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path)
     bound = bounds.dcp_load_peak(state, world_size=world.size)
     load = partial(dcp.load, state, checkpoint_id=path)
     assert_within_bounds(world, f"w{world.size}-{name}-dcp", [measure(world, bound, load)])
