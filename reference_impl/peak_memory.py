@@ -117,6 +117,14 @@ def _tensors(tree: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
+def _local_copies(tree: Any) -> Footprint:
+    """A new copy of each of this rank's pieces of ``tree``'s tensors, where they live."""
+    copies = Footprint()
+    for value in _tensors(tree):
+        copies += _on(value, local_bytes(value))
+    return copies
+
+
 def _is_distributed(value: torch.Tensor) -> bool:
     return isinstance(value, (DTensor, ShardedTensor))
 
@@ -263,8 +271,7 @@ def get_state_dict_peak(
     elif cpu_offload:
         result = offload_state_dict_to_cpu_peak(state, rank=rank).result
     if fsdp1_unit_bytes is not None and not full_state_dict:
-        for value in _tensors(state):
-            result += _on(value, local_bytes(value))
+        result += _local_copies(state)
     name = f"get_state_dict(full_state_dict={full_state_dict}, cpu_offload={cpu_offload})"
     return _bound(name, state, result, transient + _unit(state, fsdp1_unit_bytes))
 
@@ -367,10 +374,7 @@ def fsdp1_optim_state_dict_peak(
     kept on rank 0 alone with ``rank0_only`` and on the host with ``cpu_offload``; under
     SHARDED configs a new copy of each rank's pieces."""
     if shard_state:
-        result = Footprint()
-        for value in _tensors(held):
-            result += _on(value, local_bytes(value))
-        transient = Footprint()
+        result, transient = _local_copies(held), Footprint()
     else:
         ranks_only = (0,) if rank0_only else ()
         gathered = gather_state_dict_peak(
@@ -390,12 +394,8 @@ def fsdp1_optim_load_peak(held: Any, *, unit_bytes: int, shard_state: bool) -> P
     the result is a new copy of each of this rank's pieces; each unit's state is flattened
     whole beside it (``TRANSIENT_UNITS`` of it), a sharded input gathered into it one
     tensor at a time."""
-    tensors = list(_tensors(held))
-    result = Footprint()
-    for value in tensors:
-        result += _on(value, local_bytes(value))
     transient = _unit(held, unit_bytes)
     if shard_state:
-        transient += _largest_step([value for value in tensors if _is_distributed(value)])
+        transient += _largest_step([value for value in _tensors(held) if _is_distributed(value)])
     name = f"FSDP.optim_state_dict_to_load(shard_state={shard_state})"
-    return _bound(name, held, result, transient)
+    return _bound(name, held, _local_copies(held), transient)
