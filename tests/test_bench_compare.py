@@ -216,6 +216,14 @@ def test_peak_spread_is_the_wider_sides_range() -> None:
     assert result.spread == pytest.approx(10 / 105)
 
 
+def test_peaks_within_the_resolution_print_no_ratio() -> None:
+    """0 against 4 KiB is a ratio of 4096 that means nothing; 1 against 2 MiB is a ratio."""
+    assert compare_peaks("op", (0, 0), (4096, 4096), threshold=1.05).ratio_text == (
+        "below resolution"
+    )
+    assert compare_peaks("op", (MIB, MIB), (2 * MIB, 2 * MIB), threshold=1.05).ratio_text == "2.000"
+
+
 def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
     """A gather that holds 4 MiB more (on a peak of about 4 MiB) is a memory regression."""
     out = tmp_path / "compare"

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     for peak in peaks:
         print(
-            f"{peak.name:<40} peak x{peak.ratio:.3f} ({peak.baseline_peak / 2**20:.1f} -> "
+            f"{peak.name:<40} peak {peak.ratio_text} ({peak.baseline_peak / 2**20:.1f} -> "
             f"{peak.candidate_peak / 2**20:.1f} MiB, spread {peak.spread:.1%}) {peak.verdict}"
         )
     print(f"bench_compare: wrote {out / 'report.md'} and {out / 'report.html'}")

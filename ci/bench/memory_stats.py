@@ -36,6 +36,14 @@ class PeakComparison:
     def candidate_peak(self) -> float:
         return float(median(self.candidate))
 
+    @property
+    def ratio_text(self) -> str:
+        """The ratio, or "below resolution" when both typical peaks are within what the probe
+        can miss: a ratio of near-zero peaks (4096.000 for 0 against 4 KiB) means nothing."""
+        if max(self.baseline_peak, self.candidate_peak) <= HOST_RESOLUTION_BYTES:
+            return "below resolution"
+        return f"{self.ratio:.3f}"
+
 
 def _spread(peaks: tuple[int, ...]) -> float:
     middle = median(peaks)

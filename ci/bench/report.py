@@ -88,7 +88,7 @@ def _peak_rows(peaks: list[PeakComparison]) -> list[list[str]]:
             p.name,
             f"{p.baseline_peak / 2**20:.2f}",
             f"{p.candidate_peak / 2**20:.2f}",
-            f"{p.ratio:.3f}",
+            p.ratio_text,
             f"{p.spread:.1%}",
             REGRESSION.upper() if p.verdict == REGRESSION else p.verdict,
         ]
