@@ -147,7 +147,15 @@ dcp_staging = TorchModule(
     "torch.distributed.checkpoint.staging",
     ("BlockingAsyncStager", "DefaultStager", "StagingOptions"),
 )
-dcp_formats = TorchModule("torch.distributed.checkpoint.format_utils", ("dcp_to_torch_save",))
+dcp_formats = TorchModule(
+    "torch.distributed.checkpoint.format_utils",
+    (
+        "dcp_to_torch_save",
+        "torch_save_to_dcp",
+        "BroadcastingTorchSaveReader",
+        "DynamicMetaLoadPlanner",
+    ),
+)
 fsdp = TorchModule(
     "torch.distributed.fsdp",
     (

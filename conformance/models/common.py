@@ -45,6 +45,13 @@ class MLPWithBuffers(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)) * self.running_scale)
 
+    def reset_parameters(self) -> None:
+        """The buffers' initial values again: what FSDP1 calls on a module it materializes
+        from the meta device (the layers reset their own parameters)."""
+        with torch.no_grad():
+            self.running_scale.copy_(torch.linspace(0.5, 1.5, self.running_scale.numel()))
+            self.scratch.zero_()
+
     def tp_plan(self) -> dict[str, Any]:
         """fc1 column-wise, fc2 row-wise, the activations between them replicated."""
 

@@ -32,7 +32,11 @@ STAGER = "torch.distributed.checkpoint._state_dict_stager"
 STAGING = "torch.distributed.checkpoint.staging"
 THREAD_CHECKPOINTER = "torch.distributed.checkpoint._async_thread_executor"
 ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER)
-UPSTREAM_MODULES = (*MODELLED_MODULES, *ASYNC_MODULES)
+# DCP's load planning, which reshards a checkpoint into the placements a load asks for.
+PLANNER_HELPERS = "torch.distributed.checkpoint.planner_helpers"
+# DCP's conversions to and from torch.save files.
+FORMAT_UTILS = "torch.distributed.checkpoint.format_utils"
+UPSTREAM_MODULES = (*MODELLED_MODULES, *ASYNC_MODULES, PLANNER_HELPERS, FORMAT_UTILS)
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -104,6 +108,8 @@ def catalogue() -> dict[str, Mutant]:
     """Every mutant, by name, from the catalogue module of each upstream module."""
     from ci.mutation.mutants import (
         checkpoint_async,
+        checkpoint_formats,
+        checkpoint_planning,
         checkpoint_state_dict,
         fsdp_optim_utils,
         fsdp_state_dict_utils,
@@ -117,6 +123,8 @@ def catalogue() -> dict[str, Mutant]:
         fsdp_optim_utils,
         fsdp_state_dict_utils,
         checkpoint_async,
+        checkpoint_planning,
+        checkpoint_formats,
     ):
         for mutant in module.MUTANTS:
             if mutant.name in mutants:

@@ -23,6 +23,7 @@ RESUMING = "conformance/test_resuming_commutes_with_training.py"
 LOADING = "conformance/test_loading_leaves_its_input.py"
 MALFORMED = "conformance/test_malformed_loads_name_the_key.py"
 PEAK_MEMORY = "conformance/test_peak_memory.py"
+META_LOADS = "conformance/test_meta_device_loads.py"
 
 
 @contextlib.contextmanager
@@ -234,6 +235,28 @@ def _missing_state_unnamed(original: Fn) -> Fn:
     return split
 
 
+def _persistent_buffers_on_meta(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    return [
+        (module, name)
+        for module in model.modules()
+        for name, buffer in module._buffers.items()
+        if buffer is not None and buffer.is_meta and name not in module._non_persistent_buffers_set
+    ]
+
+
+def _meta_buffer_left_on_meta(original: Fn) -> Fn:
+    def load(model: torch.nn.Module, state_dict: Any, info: Any) -> Any:
+        left = _persistent_buffers_on_meta(model)[:1]
+        result = original(model, state_dict, info)
+        for module, name in left:
+            loaded = module._buffers[name]
+            if loaded is not None:
+                module._buffers[name] = torch.empty_like(loaded, device="meta")
+        return result
+
+    return load
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -365,6 +388,14 @@ MUTANTS = [
         "longer names the parameter, which only a check of what errors say shows",
         _missing_state_unnamed,
         MALFORMED,
+    ),
+    _mutant(
+        "meta_model_load_leaves_a_buffer_on_meta",
+        "_load_model_state_dict",
+        "a full load into a model built on meta assigns every parameter but leaves its first "
+        "persistent buffer on meta, which only a load into a model on meta shows",
+        _meta_buffer_left_on_meta,
+        META_LOADS,
     ),
     _mutant(
         "strict_load_ignores_unexpected_keys",

@@ -1,0 +1,55 @@
+"""Mutants of DCP's load planning (``torch/distributed/checkpoint/planner_helpers.py``): how a
+checkpoint's chunks are read into the chunks a load asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+from ci.mutation.mutants import PLANNER_HELPERS, mutant_maker
+
+Fn = Callable[..., Any]
+PLACEMENTS = "conformance/test_dcp_placements.py"
+
+
+def _as_a_matrix(chunk: ChunkStorageMetadata) -> ChunkStorageMetadata:
+    """The chunk with its offsets past the first two dimensions taken as zero."""
+    offsets = [*chunk.offsets[:2], *[0] * (len(chunk.offsets) - 2)]
+    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=chunk.sizes)
+
+
+def _reads_matrices_only(original: Fn) -> Fn:
+    def create(fqn: str, checkpoint_md: Any, local_chunks: list[Any]) -> list[Any]:
+        if not local_chunks or len(local_chunks[0].offsets) < 3:
+            planned: list[Any] = original(fqn, checkpoint_md, local_chunks)
+            return planned
+        as_matrices = [_as_a_matrix(chunk) for chunk in local_chunks]
+        own = {tuple(m.offsets): c.offsets for m, c in zip(as_matrices, local_chunks, strict=True)}
+        items = original(fqn, checkpoint_md, as_matrices)
+        return [
+            dataclasses.replace(
+                item,
+                dest_index=dataclasses.replace(
+                    item.dest_index, offset=own[tuple(item.dest_index.offset)]
+                ),
+            )
+            for item in items
+        ]
+
+    return create
+
+
+MUTANTS = [
+    mutant_maker(PLANNER_HELPERS, PLACEMENTS)(
+        "resharding_reads_matrices_only",
+        "create_read_items_for_chunk_list",
+        "the reads planned for a load intersect chunks on their first two dimensions only, as "
+        "a planner written for matrices would: a rank whose piece of a 3-D tensor starts past "
+        "0 on its third dimension reads the piece that starts at 0",
+        _reads_matrices_only,
+    ),
+]

@@ -1,0 +1,136 @@
+"""Conversions between DCP checkpoints and ``torch.save`` files (``format_utils``).
+
+- ``dcp_to_torch_save``: a checkpoint saved by a cell after ``SAVED_AFTER`` steps (model and
+  optimizer, as a training loop saves them), converted on rank 0 alone, is one
+  ``torch.save`` file whose model state, optimizer state and hyper-parameters are the
+  single-process run's at that step.
+- ``torch_save_to_dcp``: the single-process run's full state after ``SAVED_AFTER`` steps,
+  written by ``torch.save`` and converted on rank 0, loads into every cell's fresh objects,
+  which then train on to exactly what ``SAVED_AFTER + MORE_STEPS`` single-process steps give.
+- ``BroadcastingTorchSaveReader`` with ``DynamicMetaLoadPlanner``: a model's ``torch.save``
+  file, present on rank 0 only, is read there and broadcast through ``dcp.load`` into every
+  cell's full model state dict (the reader takes tensors only, so the model's state alone),
+  which ``set_model_state_dict`` then loads: the model holds the single-process values. Into
+  a sharded state dict (DTensors, ShardedTensors) the reader hangs on 2.13.0: rank 0
+  broadcasts each whole tensor, the other ranks receive into their pieces.
+
+Every cell at every size it has. A full optimizer state read back from a checkpoint may hold
+Adam's ``betas`` as a list where the run holds a tuple (DCP stores a param group's values
+as it was given them, and rebuilds sequences as lists): hyper-parameters are compared as
+values. The mutant ``dcp_to_torch_save_drops_non_tensor_state`` (a conversion that keeps
+the tensors and drops the rest: step counts of plain numbers, hyper-parameters) is seen by
+this module only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from conformance._compare import assert_state_dict_equal
+from conformance._dcp import save_checkpoint
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
+from conformance._resume import (
+    MORE_STEPS,
+    assert_full_state_is_single_process,
+    resume,
+    sequences_as_lists,
+)
+from conformance._trajectory import fresh_training
+from conformance._upstream import dcp, dcp_formats, dsd, full_options
+from conformance.models.common import ground_truth, train
+
+RECIPE = "adam"
+SAVED_AFTER = 2
+CELLS = sorted(PARALLELISMS)
+
+
+def _single_process_state() -> dict[str, Any]:
+    """What a single-process training loop would ``torch.save`` after ``SAVED_AFTER``
+    steps: its model state and its optimizer state keyed by parameter names."""
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+    optim = {"state": truth.optimizer_state, "param_groups": truth.param_groups}
+    return {"model": truth.model, "optim": optim}
+
+
+def _assert_is_the_single_process_state(converted: dict[str, Any], **tolerance: float) -> None:
+    expected = _single_process_state()
+    assert_state_dict_equal(converted["model"], expected["model"], **tolerance)
+    assert_state_dict_equal(converted["optim"]["state"], expected["optim"]["state"], **tolerance)
+    groups = converted["optim"]["param_groups"]
+    expected_groups = expected["optim"]["param_groups"]
+    assert_state_dict_equal(
+        {str(i): sequences_as_lists(g) for i, g in enumerate(groups)},
+        {str(i): sequences_as_lists(g) for i, g in enumerate(expected_groups)},
+    )
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("cell", CELLS)
+def test_dcp_to_torch_save_gives_the_full_training_state(world, cell):
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
+    train(model, optimizer, SAVED_AFTER)
+    checkpoint = world.tmp_path / "checkpoint"
+    save_checkpoint(model, optimizer, str(checkpoint))
+    world.barrier()
+    if world.rank == 0:
+        converted = world.tmp_path / "converted.pt"
+        dcp_formats.dcp_to_torch_save(checkpoint, converted)
+        state = torch.load(converted, weights_only=False)
+        _assert_is_the_single_process_state(state, **comparison_tolerance(parallelism))
+    world.barrier()
+
+
+def _single_process_checkpoint(world: Any, state: dict[str, Any]) -> str:
+    """``state`` written by ``torch.save`` and converted to DCP on rank 0; its directory."""
+    checkpoint = world.tmp_path / "from_torch_save"
+    if world.rank == 0:
+        torch.save(state, world.tmp_path / "single.pt")
+        dcp_formats.torch_save_to_dcp(world.tmp_path / "single.pt", checkpoint)
+    world.barrier()
+    return str(checkpoint)
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("cell", CELLS)
+def test_torch_save_to_dcp_resumes_every_cell_as_one_process(world, cell):
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    path = _single_process_checkpoint(world, _single_process_state())
+    training = fresh_training(parallelism, world, RECIPE)
+    resume(training, path, SAVED_AFTER)
+    assert_full_state_is_single_process(
+        training,
+        SAVED_AFTER + MORE_STEPS,
+        RECIPE,
+        full_load=True,
+        **comparison_tolerance(parallelism),
+    )
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_torch_save_file_on_rank_0_broadcasts_into_every_cell(world, cell):
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    expected = _single_process_state()["model"]
+    path = world.tmp_path / "model.pt"
+    if world.rank == 0:
+        torch.save(expected, path)
+    world.barrier()
+    model, _, _ = fresh_training(parallelism, world, RECIPE)
+    state = dsd.get_model_state_dict(model, options=full_options())
+    dcp.load(
+        state,
+        storage_reader=dcp_formats.BroadcastingTorchSaveReader(),
+        planner=dcp_formats.DynamicMetaLoadPlanner(),
+        checkpoint_id=str(path),
+    )
+    dsd.set_model_state_dict(model, state, options=full_options())
+    loaded = dsd.get_model_state_dict(model, options=full_options())
+    assert_state_dict_equal(loaded, expected, **comparison_tolerance(parallelism))
