@@ -44,18 +44,35 @@ def assert_full_state_is_single_process(
     training: Training, steps: int, recipe: str, *, full_load: bool = False, **tolerance: float
 ) -> None:
     """The full model, optimizer state and hyper-parameters of ``training`` equal one
-    process's after ``steps`` steps of ``recipe``.
-
-    ``full_load``: the optimizer was given a full state dict (``set_optimizer_state_dict``
-    with ``full_state_dict``), which upstream flattens and rebuilds, every sequence as a list:
-    a tuple hyper-parameter such as Adam's ``betas`` may come back as a list of the same
-    values (FSDP1's load keeps the tuple), so both sides' sequences are compared as lists."""
+    process's after ``steps`` steps of ``recipe`` (``full_load``: see
+    ``assert_state_is_single_process``)."""
     model, optimizer, _ = training
     model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
+    assert_state_is_single_process(
+        model_state, optim_state, steps, recipe, full_load=full_load, **tolerance
+    )
+
+
+def assert_state_is_single_process(
+    model_state: dict[str, Any],
+    optim_state: dict[str, Any],
+    steps: int,
+    recipe: str,
+    *,
+    full_load: bool = False,
+    **tolerance: float,
+) -> None:
+    """A full model state dict and FQN-keyed optimizer state dict equal one process's after
+    ``steps`` steps of ``recipe``.
+
+    ``full_load``: the optimizer state went through a full load or a checkpoint, which upstream
+    flattens and rebuilds, every sequence as a list: a tuple hyper-parameter such as Adam's
+    ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
+    both sides' sequences are compared as lists."""
     expected = ground_truth(steps, OPTIMIZERS[recipe])
     assert_state_dict_equal(model_state, expected.model, **tolerance)
     assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
-    as_given = sequences_as_lists if full_load else dict
+    as_given = _sequences_as_lists if full_load else dict
     groups = {str(i): as_given(group) for i, group in enumerate(optim_state["param_groups"])}
     expected_groups = {str(i): as_given(group) for i, group in enumerate(expected.param_groups)}
     assert_state_dict_equal(groups, expected_groups)
@@ -89,6 +106,6 @@ def resume_on_the_first_ranks(
         world.barrier()
 
 
-def sequences_as_lists(group: dict[str, Any]) -> dict[str, Any]:
+def _sequences_as_lists(group: dict[str, Any]) -> dict[str, Any]:
     """A param group with its tuple values as lists: hyper-parameters compared as values."""
     return {key: list(value) if isinstance(value, tuple) else value for key, value in group.items()}

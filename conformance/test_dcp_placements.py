@@ -120,31 +120,48 @@ class Placer:
             self._meshes[dims] = self.world.mesh(shape, ("x", "y")[:dims])
         return self._meshes[dims]
 
+    def piece(self, layout: Layout, full: torch.Tensor) -> Any:
+        """What this rank holds of ``full`` laid out as ``layout``: the whole tensor, its
+        DTensor piece, or its ShardedTensor shards by offset."""
+        if layout.sharded_tensor:
+            start, count = _rows_of(full, self.world.rank, self.world.size)
+            offsets = (start,) + (0,) * (full.dim() - 1)
+            return {offsets: full.narrow(0, start, count)} if count else {}
+        if layout.placements is None:
+            return full
+        return local_piece(full, self.mesh(layout.mesh_dims), layout.placements(full.dim()))
+
     def place(self, layout: Layout, full: torch.Tensor) -> Any:
         """``full`` laid out on this rank as ``layout`` says."""
+        piece = self.piece(layout, full)
         if layout.sharded_tensor:
-            return self._sharded_tensor(full)
+            return self._sharded_tensor(full, piece)
         if layout.placements is None:
-            return full.clone().to(self.world.device)
-        mesh = self.mesh(layout.mesh_dims)
-        placements = layout.placements(full.dim())
-        piece = local_piece(full, mesh, placements).clone().to(self.world.device)
+            return piece.clone().to(self.world.device)
         return dtensor.DTensor.from_local(
-            piece, mesh, placements, run_check=False, shape=full.shape, stride=full.stride()
+            piece.clone().to(self.world.device),
+            self.mesh(layout.mesh_dims),
+            layout.placements(full.dim()),
+            run_check=False,
+            shape=full.shape,
+            stride=full.stride(),
         )
 
-    def _sharded_tensor(self, full: torch.Tensor) -> Any:
+    def _sharded_tensor(
+        self, full: torch.Tensor, shards_by_offset: dict[tuple[int, ...], torch.Tensor]
+    ) -> Any:
         rank, device = self.world.rank, self.world.device
-        start, count = _rows_of(full, rank, self.world.size)
-        shards = []
-        if count:
-            offsets = [start] + [0] * (full.dim() - 1)
-            metadata = sharded_tensor.ShardMetadata(
-                offsets, [count, *full.shape[1:]], f"rank:{rank}/{device}"
+        shards = [
+            sharded_tensor.Shard(
+                shard.clone().to(device),
+                sharded_tensor.ShardMetadata(
+                    list(offsets),
+                    list(shard.shape),
+                    f"rank:{rank}/{device}",
+                ),
             )
-            shards.append(
-                sharded_tensor.Shard(full.narrow(0, start, count).clone().to(device), metadata)
-            )
+            for offsets, shard in shards_by_offset.items()
+        ]
         return sharded_tensor.init_from_local_shards(
             shards, list(full.shape), process_group=self.group
         )
@@ -157,7 +174,7 @@ class Placer:
 def _pieces(value: Any) -> Any:
     """What this rank holds of a loaded value: its local tensor, or its shards by offset."""
     if isinstance(value, sharded_tensor.ShardedTensor):
-        return {str(s.metadata.shard_offsets): s.tensor.cpu() for s in value.local_shards()}
+        return {tuple(s.metadata.shard_offsets): s.tensor.cpu() for s in value.local_shards()}
     if isinstance(value, dtensor.DTensor):
         return value.to_local().cpu()
     return value.cpu()
@@ -171,11 +188,10 @@ def _load_and_check(layout: Layout, placer: Placer, path: str, **load: Any) -> N
     """Load ``path`` into ``layout``'s templates; each rank holds its piece of each tensor."""
     template = placer.state(layout, _unread)
     dcp.load(template, checkpoint_id=path, **load)
-    expected = placer.state(layout, lambda full: full)
     try:
         assert_state_dict_equal(
             {name: _pieces(value) for name, value in template["layer"].items()},
-            {name: _pieces(value) for name, value in expected["layer"].items()},
+            {name: placer.piece(layout, _full(name)) for name in SHAPES},
         )
     except AssertionError as error:
         rank = placer.world.rank

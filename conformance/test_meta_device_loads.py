@@ -43,7 +43,12 @@ from torch import nn
 from conformance._compare import local_tensors_by_path
 from conformance._dcp import load_checkpoint, save_checkpoint
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, Parallelism, comparison_tolerance
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    comparison_tolerance,
+    exists_at_size,
+)
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
 from conformance._trajectory import fresh_training
 from conformance._upstream import dsd, full_options
@@ -57,10 +62,6 @@ SAVED_AFTER = 2
 # Cells that take a model on meta: FSDP2 and TP shard it as it is; FSDP1 materializes it on
 # the rank's device at wrapping (``to_empty``, then each module's ``reset_parameters``).
 META_CELLS = tuple(sorted(name for name in PARALLELISMS if name != "ddp"))
-
-
-def _applies(size: int, cell: str, load: Load) -> bool:
-    return PARALLELISMS[cell].supports(size)
 
 
 def _built_on_meta(cell: Parallelism, world: Any) -> nn.Module:
@@ -80,8 +81,8 @@ def _load_full(model: nn.Module, world: Any, load: Load) -> torch.optim.Optimize
     dsd.set_model_state_dict(model, truth.model if holds_it else {}, options=options)
     _assert_none_on_meta(model, world)
     optimizer, _ = OPTIMIZERS[RECIPE].build(model)
-    optim_state = {"state": truth.optimizer_state, "param_groups": truth.param_groups}
-    dsd.set_optimizer_state_dict(model, optimizer, optim_state if holds_it else {}, options=options)
+    optim_state = truth.optimizer_state_dict if holds_it else {}
+    dsd.set_optimizer_state_dict(model, optimizer, optim_state, options=options)
     return optimizer
 
 
@@ -104,7 +105,7 @@ def _assert_none_on_meta(model: nn.Module, world: Any) -> None:
     assert not elsewhere, f"rank {world.rank}: not on {world.device} after the load: {elsewhere}"
 
 
-@pytest.mark.world(1, 2, 4, applies=_applies)
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("cell", META_CELLS)
 def test_a_model_built_on_meta_loads_and_trains_as_one_process(world, cell, load):

@@ -131,6 +131,11 @@ class GroundTruth:
     optimizer_state: dict[str, dict[str, Any]]
     param_groups: list[dict[str, Any]]  # hyper-parameters, with FQN lists as "params"
 
+    @property
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The full optimizer state dict, FQN-keyed, as ``set_optimizer_state_dict`` takes it."""
+        return {"state": self.optimizer_state, "param_groups": self.param_groups}
+
 
 def ground_truth(
     steps: int,
