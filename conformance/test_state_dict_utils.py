@@ -6,22 +6,23 @@ shrinks, on all of them. The falsifying example is printed in rank 0's
 captured output; the other ranks' errors carry it as a note.
 
 Every function of torch's ``torch/distributed/_state_dict_utils.py`` against the oracle
-(``reference_impl``) on generated nested state dicts at world sizes 1, 2 and 4. The
-generated state dicts hold tensors (zero-dim, empty, non-contiguous, five dtypes), DTensors
-on real meshes (FSDP ``[Shard(n)]``, HSDP ``[Replicate(), Shard(0)]``, 2-D ``[Shard(0),
-Shard(1)]`` and ``[Shard(0), Replicate()]``, FSDP2+TP ``[_StridedShard(0, sf=2),
-Shard(0)]``, uneven shapes and empty local shards), lists, tuples, and int, float, str,
-bytes, ``BytesIO`` and None leaves. Results must match in structure, types, devices, dtypes,
-placements and values, and in aliasing where the contract promises it. The oracle is also
-held to a ground truth: each DTensor gathers to the tensor it was built from, and a real
-FSDP2+TP model's state dict to the single-process model's. Property tests use hypothesis on
-rank 0 only: it broadcasts each example, every rank checks it, and the ranks agree on its
-outcome, so a failure on any rank fails and shrinks the search, and all ranks always run the
-same collectives. (Hypothesis mixes constants from the loaded modules into its draws;
-separate searches per rank diverged and hung.) Every module of the suite is loaded before a
-search, so a test draws the same examples alone or after others. The falsifying example is
-printed in full in rank 0's output and as a note on the other ranks' errors. Functions
-missing from the torch under test are skipped, naming the function and the torch version.
+(``reference_impl``; ``_copy_state_dict`` blocking and non-blocking) on generated nested state
+dicts at world sizes 1, 2 and 4. The generated state dicts hold tensors (zero-dim, empty,
+non-contiguous, five dtypes), DTensors on real meshes (FSDP ``[Shard(n)]``, HSDP
+``[Replicate(), Shard(0)]``, 2-D ``[Shard(0), Shard(1)]`` and ``[Shard(0), Replicate()]``,
+FSDP2+TP ``[_StridedShard(0, sf=2), Shard(0)]``, uneven shapes and empty local shards), lists,
+tuples, and int, float, str, bytes, ``BytesIO`` and None leaves. Results must match in
+structure, types, devices, dtypes, placements and values, and in aliasing where the contract
+promises it. The oracle is also held to a ground truth: each DTensor gathers to the tensor it
+was built from, and a real FSDP2+TP model's state dict to the single-process model's. Property
+tests use hypothesis on rank 0 only: it broadcasts each example, every rank checks it, and the
+ranks agree on its outcome, so a failure on any rank fails and shrinks the search, and all
+ranks always run the same collectives. (Hypothesis mixes constants from the loaded modules into
+its draws; separate searches per rank diverged and hung.) Every module of the suite is loaded
+before a search, so a test draws the same examples alone or after others. The falsifying
+example is printed in full in rank 0's output and as a note on the other ranks' errors.
+Functions missing from the torch under test are skipped, naming the function and the torch
+version.
 """
 
 from __future__ import annotations
@@ -113,22 +114,30 @@ def tensors_of(tree: Any) -> list[torch.Tensor]:
 
 @pytest.mark.world(1, 2, 4)
 def test_copy_matches_the_oracle_and_returns_the_companions_tensors(world):
-    copy = sdu._copy_state_dict
     build, _, meshes = setup(world)
 
     def check(spec: dict[str, Any]) -> None:
         source = build.build(spec)
-        their_companion = ri.create_cpu_state_dict(source)
-        our_companion = ri.create_cpu_state_dict(source)
-        theirs = copy(source, their_companion)
-        ours = ri.copy_state_dict(source, our_companion)
-        assert_trees_identical(theirs, ours)
-        assert_trees_identical(their_companion, our_companion)
-        for result, companion in ((theirs, their_companion), (ours, our_companion)):
-            for got, target in zip(tensors_of(result), tensors_of(companion), strict=True):
-                assert got is target, "the copy must return the companion's own tensors"
+        for non_blocking in (False, True):
+            _check_one_copy(source, non_blocking, world.device)
 
     spmd_property(world.device, tree_specs(meshes), check)
+
+
+def _check_one_copy(source: Any, non_blocking: bool, device: torch.device) -> None:
+    """``_copy_state_dict`` of ``source`` into a CPU companion, by torch and by the oracle;
+    a non-blocking copy is read after the device has finished it."""
+    their_companion = ri.create_cpu_state_dict(source)
+    our_companion = ri.create_cpu_state_dict(source)
+    theirs = sdu._copy_state_dict(source, their_companion, non_blocking=non_blocking)
+    ours = ri.copy_state_dict(source, our_companion, non_blocking=non_blocking)
+    if device.type != "cpu":
+        torch.get_device_module(device.type).synchronize(device)
+    assert_trees_identical(theirs, ours)
+    assert_trees_identical(their_companion, our_companion)
+    for result, companion in ((theirs, their_companion), (ours, our_companion)):
+        for got, target in zip(tensors_of(result), tensors_of(companion), strict=True):
+            assert got is target, "the copy must return the companion's own tensors"
 
 
 @pytest.mark.world(1, 2, 4)
