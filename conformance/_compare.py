@@ -84,6 +84,14 @@ def local_tensors_by_path(tree: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
+def local_copy(tree: Any) -> dict[str, Any]:
+    """Every leaf of ``tree`` by key path, each tensor as a copy of this rank's pieces: what a
+    load may change, kept to compare after it."""
+    copied = {path: v for path, v in _leaves(tree) if not isinstance(v, torch.Tensor)}
+    copied.update((path, t.detach().clone()) for path, t in local_tensors_by_path(tree))
+    return copied
+
+
 def memory_shared_with(tree: Any, other: Any) -> list[str]:
     """The key paths of ``tree`` whose tensors (local pieces on this rank) share memory with a
     tensor of ``other``: empty where ``tree`` lies in memory of its own."""

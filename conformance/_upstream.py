@@ -134,11 +134,22 @@ dsd = TorchModule(
         "set_model_state_dict",
         "set_optimizer_state_dict",
         "set_state_dict",
+        "_patch_model_state_dict",
+        "_patch_optimizer_state_dict",
     ),
 )
 dcp = TorchModule(
     "torch.distributed.checkpoint",
-    ("save", "load", "async_save", "FileSystemWriter", "CheckpointException"),
+    (
+        "save",
+        "load",
+        "async_save",
+        "FileSystemWriter",
+        "DefaultLoadPlanner",
+        "HuggingFaceStorageWriter",
+        "HuggingFaceStorageReader",
+        "CheckpointException",
+    ),
 )
 dcp_saver = TorchModule(
     "torch.distributed.checkpoint.state_dict_saver", ("AsyncCheckpointerType", "AsyncSaveResponse")

@@ -32,11 +32,21 @@ STAGER = "torch.distributed.checkpoint._state_dict_stager"
 STAGING = "torch.distributed.checkpoint.staging"
 THREAD_CHECKPOINTER = "torch.distributed.checkpoint._async_thread_executor"
 ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER)
-# DCP's load planning, which reshards a checkpoint into the placements a load asks for.
+# DCP's load planning: which keys a load reads, and how it reshards a checkpoint into the
+# placements the load asks for.
+DEFAULT_PLANNER = "torch.distributed.checkpoint.default_planner"
 PLANNER_HELPERS = "torch.distributed.checkpoint.planner_helpers"
-# DCP's conversions to and from torch.save files.
+# DCP's conversions to and from torch.save files, and its Hugging Face safetensors writer.
 FORMAT_UTILS = "torch.distributed.checkpoint.format_utils"
-UPSTREAM_MODULES = (*MODELLED_MODULES, *ASYNC_MODULES, PLANNER_HELPERS, FORMAT_UTILS)
+HF_STORAGE = "torch.distributed.checkpoint.hf_storage"
+UPSTREAM_MODULES = (
+    *MODELLED_MODULES,
+    *ASYNC_MODULES,
+    DEFAULT_PLANNER,
+    PLANNER_HELPERS,
+    FORMAT_UTILS,
+    HF_STORAGE,
+)
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
 

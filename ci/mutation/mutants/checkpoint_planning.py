@@ -1,5 +1,6 @@
-"""Mutants of DCP's load planning (``torch/distributed/checkpoint/planner_helpers.py``): how a
-checkpoint's chunks are read into the chunks a load asks for."""
+"""Mutants of DCP's load planning: which keys of a checkpoint a load reads
+(``torch/distributed/checkpoint/default_planner.py``), and how a checkpoint's chunks are read
+into the chunks a load asks for (``planner_helpers.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
-from ci.mutation.mutants import PLANNER_HELPERS, mutant_maker
+from ci.mutation.mutants import DEFAULT_PLANNER, PLANNER_HELPERS, mutant_maker
 
 Fn = Callable[..., Any]
 PLACEMENTS = "conformance/test_dcp_placements.py"
+APP_STATE = "conformance/test_app_state_loads.py"
 
 
 def _as_a_matrix(chunk: ChunkStorageMetadata) -> ChunkStorageMetadata:
@@ -43,7 +45,28 @@ def _reads_matrices_only(original: Fn) -> Fn:
     return create
 
 
+def _stops_at_the_first_missing_key(original: Fn) -> Fn:
+    def create(state_dict: dict[str, Any], metadata: Any, strict: bool = True) -> Any:
+        if strict:
+            return original(state_dict, metadata, strict)
+        present: dict[str, Any] = {}
+        for fqn, value in state_dict.items():
+            if fqn not in metadata.state_dict_metadata:
+                break
+            present[fqn] = value
+        return original(present, metadata, strict)
+
+    return create
+
+
 MUTANTS = [
+    mutant_maker(DEFAULT_PLANNER, APP_STATE)(
+        "partial_load_stops_at_the_first_missing_key",
+        "create_default_local_load_plan",
+        "a load that allows keys the checkpoint lacks stops planning at the first such key "
+        "(a break for a continue): the keys after it are left unread",
+        _stops_at_the_first_missing_key,
+    ),
     mutant_maker(PLANNER_HELPERS, PLACEMENTS)(
         "resharding_reads_matrices_only",
         "create_read_items_for_chunk_list",
