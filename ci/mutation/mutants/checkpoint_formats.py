@@ -1,4 +1,6 @@
-"""Mutants of DCP's format conversions (``torch/distributed/checkpoint/format_utils.py``)."""
+"""Mutants of DCP's other formats: conversions to and from ``torch.save`` files
+(``torch/distributed/checkpoint/format_utils.py``) and Hugging Face safetensors
+(``hf_storage.py``)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from typing import Any
 
 import torch
 
-from ci.mutation.mutants import FORMAT_UTILS, mutant_maker
+from ci.mutation.mutants import FORMAT_UTILS, HF_STORAGE, mutant_maker
 
 Fn = Callable[..., Any]
 CONVERSIONS = "conformance/test_format_conversions.py"
+SAFETENSORS = "conformance/test_safetensors.py"
 
 
 def _tensors_only(tree: Any) -> Any:
@@ -35,6 +38,29 @@ def _drops_non_tensor_state(original: Fn) -> Fn:
     return convert
 
 
+class _Float32Resolver:
+    """A save planner whose ``bfloat16`` tensors resolve as ``float32``."""
+
+    def __init__(self, planner: Any) -> None:
+        self._planner = planner
+
+    def resolve_data(self, item: Any) -> Any:
+        data = self._planner.resolve_data(item)
+        if isinstance(data, torch.Tensor) and data.dtype == torch.bfloat16:
+            return data.float()
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
+def _writes_bfloat16_as_float32(original: Fn) -> Fn:
+    def write_data(self: Any, plan: Any, planner: Any) -> Any:
+        return original(self, plan, _Float32Resolver(planner))
+
+    return write_data
+
+
 MUTANTS = [
     mutant_maker(FORMAT_UTILS, CONVERSIONS)(
         "dcp_to_torch_save_drops_non_tensor_state",
@@ -42,5 +68,11 @@ MUTANTS = [
         "converting a DCP checkpoint to a torch.save file keeps its tensors and drops the "
         "rest (an optimizer's param groups and hyper-parameters)",
         _drops_non_tensor_state,
+    ),
+    mutant_maker(HF_STORAGE, SAFETENSORS)(
+        "safetensors_written_in_float32",
+        "HuggingFaceStorageWriter.write_data",
+        "the safetensors writer stores a bfloat16 tensor as float32",
+        _writes_bfloat16_as_float32,
     ),
 ]
