@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance._compare import assert_state_dict_equal
-from conformance._dcp import load_checkpoint
+from conformance._dcp import load_checkpoint, load_options_for
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance
 from conformance._subworld import SubWorld
@@ -92,10 +92,10 @@ def resume_on_the_first_ranks(
     load: dict[str, Any] = {}
     if size < world.size:
         resumers = SubWorld(world, size)
+        load = load_options_for(resumers)
         if not resumers.member:
             world.barrier()
             return
-        load = {"no_dist": True} if size == 1 else {"process_group": resumers.group}
     try:
         training = training_in(resumed_by, resumers, recipe)
         resume(training, path, saved_after, **load)

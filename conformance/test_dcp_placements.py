@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal
+from conformance._dcp import load_options_for
 from conformance._subworld import SubWorld
 from conformance._upstream import dcp, dtensor, dtensor_placements, sharded_tensor
 from reference_impl import local_piece
@@ -221,10 +222,10 @@ def test_a_checkpoint_saved_at_4_ranks_loads_at_fewer_under_every_placement(
     path = str(world.tmp_path / "checkpoint")
     _save(LAYOUTS[saved], Placer(world), path)
     loaders = SubWorld(world, load_size)
+    load = load_options_for(loaders)
     try:
         if loaders.member:
             placer = Placer(loaders, loaders.group)
-            load = {"no_dist": True} if load_size == 1 else {"process_group": loaders.group}
             for layout in LAYOUTS.values():
                 if layout.exists_at(load_size):
                     _load_and_check(layout, placer, path, **load)

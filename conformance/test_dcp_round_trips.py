@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal
-from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._dcp import load_checkpoint, load_options_for, save_checkpoint
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._subworld import SubWorld
@@ -87,12 +87,10 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
     saved = _full(model, optimizer)
     world.barrier()
     loaders = SubWorld(world, load_size)
+    load = load_options_for(loaders)
     if loaders.member:
         target, target_optimizer = _model_and_optimizer(loaded_by, loaders)
-        if load_size == 1:
-            load_checkpoint(target, target_optimizer, path, no_dist=True)
-        else:
-            load_checkpoint(target, target_optimizer, path, process_group=loaders.group)
+        load_checkpoint(target, target_optimizer, path, **load)
         cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
         _assert_full_equal(_full(target, target_optimizer), saved, **comparison_tolerance(*cells))
     world.barrier()

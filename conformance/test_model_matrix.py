@@ -32,7 +32,7 @@ import torch
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
-from conformance._dcp import load_checkpoint, save_checkpoint
+from conformance._dcp import load_checkpoint, load_options_for, save_checkpoint
 from conformance._optimizers import adam
 from conformance._parallelisms import (
     PARALLELISMS,
@@ -140,20 +140,18 @@ DCP_RESHARDS = [
 
 
 def _loaded_from_checkpoint(
-    recipe: ModelRecipe, loaded_by: str, loaders: SubWorld, path: str
+    recipe: ModelRecipe, loaded_by: str, loaders: SubWorld, path: str, load: dict[str, Any]
 ) -> tuple[Any, Any]:
-    """A fresh model under ``loaded_by`` in the ``loaders``' ranks, loaded by DCP and
-    ``set_state_dict`` from ``path``: its full model and optimizer state dicts."""
+    """A fresh model under ``loaded_by`` in the ``loaders``' ranks, loaded by DCP (``load``
+    goes to ``dcp.load``) and ``set_state_dict`` from ``path``: its full model and optimizer
+    state dicts."""
     model = (
         recipe.build().to(loaders.device)
         if loaded_by == "single"
         else recipe.make(PARALLELISMS[loaded_by], loaders)
     )
     optimizer = adam(model)
-    if loaders.size == 1:
-        load_checkpoint(model, optimizer, path, no_dist=True)
-    else:
-        load_checkpoint(model, optimizer, path, process_group=loaders.group)
+    load_checkpoint(model, optimizer, path, **load)
     return ri.get_state_dict(model, optimizer, options=FULL)
 
 
@@ -178,9 +176,10 @@ def test_model_dcp_resharding_keeps_every_value(world, model_id, saved_by, loade
     saved = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
     world.barrier()
     loaders = SubWorld(world, load_size)
+    load = load_options_for(loaders)
     try:  # every rank meets at the end, also when the loading ranks fail
         if loaders.member:
-            loaded = _loaded_from_checkpoint(recipe, loaded_by, loaders, path)
+            loaded = _loaded_from_checkpoint(recipe, loaded_by, loaders, path, load)
             tolerance = comparison_tolerance(*cells)
             assert_state_dict_equal(loaded[0], saved[0], **tolerance)
             assert_state_dict_equal(loaded[1]["state"], saved[1]["state"], **tolerance)
