@@ -219,10 +219,10 @@ def test_a_checkpoint_loads_under_another_placement(world, saved, loaded):
 def test_a_checkpoint_saved_at_4_ranks_loads_at_fewer_under_every_placement(
     world, saved, load_size
 ):
-    path = str(world.tmp_path / "checkpoint")
-    _save(LAYOUTS[saved], Placer(world), path)
     loaders = SubWorld(world, load_size)
     load = load_options_for(loaders)
+    path = str(world.tmp_path / "checkpoint")
+    _save(LAYOUTS[saved], Placer(world), path)
     try:
         if loaders.member:
             placer = Placer(loaders, loaders.group)
