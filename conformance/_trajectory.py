@@ -17,6 +17,7 @@ from torch import nn
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import Parallelism
 from conformance._upstream import dtensor, sharded_tensor
+from conformance.models.common import train
 from conformance.models.zoo import MODELS
 
 Snapshot = dict[str, Any]
@@ -191,6 +192,14 @@ def fresh_training(cell: Parallelism, world: Any, recipe: str, model_id: str = "
     model = MODELS[model_id].make(cell, world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     return model, optimizer, scheduler
+
+
+def trained(cell: Parallelism, world: Any, recipe: str, steps: int) -> Training:
+    """Fresh objects of ``cell`` (``fresh_training``'s model) trained ``steps`` steps, the
+    scheduler stepping with them: the state a check saves or reads."""
+    model, optimizer, scheduler = training = fresh_training(cell, world, recipe)
+    train(model, optimizer, steps, scheduler)
+    return training
 
 
 def unobserved(_: str) -> None:

@@ -52,7 +52,7 @@ from conformance._dcp import save_checkpoint
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
-from conformance._trajectory import Training, fresh_training
+from conformance._trajectory import Training, fresh_training, trained
 from conformance._upstream import dcp, dsd, full_options
 from conformance.models.common import ground_truth, train
 
@@ -133,8 +133,7 @@ def test_each_documented_way_resumes_as_one_process(world, cell, way):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
     path = str(world.tmp_path / "checkpoint")
-    saving = fresh_training(parallelism, world, RECIPE)
-    train(saving[0], saving[1], SAVED_AFTER)
+    saving = trained(parallelism, world, RECIPE, SAVED_AFTER)
     dcp.save(_checkpointed(way, saving), checkpoint_id=path)
     resuming = fresh_training(parallelism, world, RECIPE)
     template = _checkpointed(way, resuming)
@@ -151,8 +150,7 @@ def _saved_checkpoint(parallelism: Any, world: Any, *, body_only: bool = False) 
     or (``body_only``) its model state without ``NEW_LAYER``'s keys, as a pretrained body is
     kept for a model whose first layer is new."""
     path = str(world.tmp_path / "checkpoint")
-    model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
-    train(model, optimizer, SAVED_AFTER)
+    model, optimizer, _ = trained(parallelism, world, RECIPE, SAVED_AFTER)
     if body_only:
         state = dsd.get_model_state_dict(model)
         body = {key: value for key, value in state.items() if not key.startswith(NEW_LAYER)}

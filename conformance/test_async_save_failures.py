@@ -44,7 +44,7 @@ from conformance._async import (
 )
 from conformance._dcp import training_state
 from conformance._parallelisms import PARALLELISMS, first_size_and_four
-from conformance._trajectory import Training, differences, fresh_training, tree_leaves
+from conformance._trajectory import Training, differences, trained, tree_leaves
 from conformance._upstream import dcp
 from conformance.models.common import train
 
@@ -100,12 +100,6 @@ def _assert_nothing_lost(world: Any, before: dict[str, Any], failed: str) -> Non
     )
 
 
-def _trained(world: Any, cell: str) -> Training:
-    model, optimizer, scheduler = training = fresh_training(PARALLELISMS[cell], world, RECIPE)
-    train(model, optimizer, SAVED_AFTER, scheduler)
-    return training
-
-
 def _assert_a_failed_save_loses_nothing(
     world: Any, training: Training, checkpointer: str, cue: Cue, says: str | None
 ) -> None:
@@ -128,7 +122,7 @@ def _assert_a_failed_save_loses_nothing(
 def test_a_write_that_fails_on_one_rank_fails_the_save_on_every_rank(world, cell, checkpointer):
     """And the checkpointer saves again: the next save succeeds."""
     skip_unless_checkpointer(checkpointer)
-    training = _trained(world, cell)
+    training = trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER)
     last = world.size - 1
     says = f"injected write failure on rank {last}"
     cue = Fail(rank=last, writer_rank=world.rank)
@@ -154,7 +148,9 @@ def test_a_checkpointer_process_that_dies_fails_the_save_on_every_rank(world, ce
     last = world.size - 1
     cue = Die(rank=last, writer_rank=world.rank, trainer_pid=os.getpid())
     says = "dead" if world.rank == last else None
-    _assert_a_failed_save_loses_nothing(world, _trained(world, cell), "process", cue, says)
+    _assert_a_failed_save_loses_nothing(
+        world, trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER), "process", cue, says
+    )
 
 
 class InjectedStagingError(RuntimeError):
@@ -187,7 +183,7 @@ def test_a_staging_that_failed_fails_its_completion_and_the_save(world, checkpoi
     completion (the promise that the state may change) and the save both raise its error,
     on every rank. DDP's state, and the writer that does not stage."""
     skip_unless_checkpointer(checkpointer)
-    training = _trained(world, "ddp")
+    training = trained(PARALLELISMS["ddp"], world, RECIPE, SAVED_AFTER)
     path = world.tmp_path / "checkpoint"
     stagers = Stagers(STAGINGS["default"], Unheld())
     writer, _ = stagers.for_save(path)

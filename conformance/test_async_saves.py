@@ -71,13 +71,7 @@ from conformance._dcp import save_checkpoint, training_state
 from conformance._parallelisms import PARALLELISMS
 from conformance._resume import resume_on_the_first_ranks
 from conformance._subworld import SubWorld
-from conformance._trajectory import (
-    Training,
-    differences,
-    differing_keys,
-    fresh_training,
-    tree_leaves,
-)
+from conformance._trajectory import Training, differences, differing_keys, trained, tree_leaves
 from conformance.models.common import train
 
 SAVED_AFTER = 2  # training steps before the first save
@@ -114,13 +108,6 @@ def _where_the_case_runs(size: int, cell: str, recipe: str, staging: str, **_: A
     else:
         sizes = (parallelism.first_size,)
     return parallelism.supports(size) and size in sizes
-
-
-def _trained(cell: str, world: Any, recipe: str) -> Training:
-    """Fresh objects of ``cell`` trained ``SAVED_AFTER`` steps."""
-    model, optimizer, scheduler = training = fresh_training(PARALLELISMS[cell], world, recipe)
-    train(model, optimizer, SAVED_AFTER, scheduler)
-    return training
 
 
 def _step(training: Training, step: int) -> None:
@@ -237,7 +224,7 @@ def _finish(world: Any, checkpointer: str, *moments: _Moment) -> None:
 def test_an_async_save_writes_the_state_at_its_call(world, cell, recipe, checkpointer, staging):
     skip_unless_checkpointer(checkpointer)
     with _stagers(staging, Hold(world.rank)) as stagers:
-        training = _trained(cell, world, recipe)
+        training = trained(PARALLELISMS[cell], world, recipe, SAVED_AFTER)
         group = dist.new_group(backend="gloo")
         moment = _Moment(world, training, "call", checkpointer, stagers, group)
         try:
@@ -320,7 +307,7 @@ def test_async_saves_in_a_row_each_hold_their_own_moment(
     """A fresh stager for each save (``default``: the build's own), or one kept across them."""
     skip_unless_checkpointer(checkpointer)
     with _stagers(stager, Hold(world.rank)) as stagers:
-        training = _trained(cell, world, RECIPE)
+        training = trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER)
         moments = _saves_in_a_row(world, training, checkpointer, stagers, overlap == "in_flight")
     _assert_each_holds_its_own_moment(moments)
 
@@ -360,7 +347,7 @@ def test_an_async_checkpoint_resumes_under_another_cell_as_one_process(
     for name in (saved_by, resumed_by):
         if name in PARALLELISMS:
             PARALLELISMS[name].skip_unless_runnable(world.device)
-    training = _trained(saved_by, world, RECIPE)
+    training = trained(PARALLELISMS[saved_by], world, RECIPE, SAVED_AFTER)
     path = _async_checkpoint(world, training, checkpointer, dist.new_group(backend="gloo"))
     resume_on_the_first_ranks(world, size, (saved_by, resumed_by), str(path), SAVED_AFTER, RECIPE)
 
@@ -377,7 +364,7 @@ def test_an_async_checkpoint_of_two_ranks_resumes_at_four_as_one_process(world, 
     group = dist.new_group(list(range(savers.size)), backend="gloo")
     path = world.tmp_path / "checkpoint"
     if savers.member:
-        training = _trained("fsdp2", savers, RECIPE)
+        training = trained(PARALLELISMS["fsdp2"], savers, RECIPE, SAVED_AFTER)
         _async_checkpoint(world, training, "thread", group)
     world.barrier()
     resume_on_the_first_ranks(world, 4, ("fsdp2", resumed_by), str(path), SAVED_AFTER, RECIPE)

@@ -26,7 +26,7 @@ from conformance._async import STAGING_CELLS, STAGINGS, Stagers, Unheld
 from conformance._compare import assert_trees_identical, local_tensors_by_path, memory_shared_with
 from conformance._dcp import training_state
 from conformance._parallelisms import PARALLELISMS
-from conformance._trajectory import Training, fresh_training
+from conformance._trajectory import Training, trained
 from conformance.models.common import train
 
 RECIPE = "adamw_step_lr"
@@ -60,8 +60,7 @@ def _staged(stagers: Stagers, training: Training, world: Any, name: str) -> tupl
 def test_staging_copies_like_the_oracle_into_memory_of_its_own(world, cell, staging):
     choice = STAGINGS[staging]
     choice.skip_unless_available()
-    model, optimizer, scheduler = training = fresh_training(PARALLELISMS[cell], world, RECIPE)
-    train(model, optimizer, 2, scheduler)
+    model, optimizer, scheduler = training = trained(PARALLELISMS[cell], world, RECIPE, 2)
     stagers = Stagers(choice, Unheld())
     try:
         state, staged = _staged(stagers, training, world, "first")

@@ -41,9 +41,9 @@ from conformance._compare import assert_state_dict_equal, local_copy
 from conformance._dcp import training_state
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size
-from conformance._trajectory import fresh_training
+from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dcp_formats, dsd, full_options
-from conformance.models.common import ground_truth, train
+from conformance.models.common import ground_truth
 
 Spoil = Literal["renamed", "wrong_shape", "wrong_dtype"]
 SPOILS: tuple[Spoil, ...] = ("renamed", "wrong_shape", "wrong_dtype")
@@ -91,8 +91,7 @@ def test_a_spoiled_checkpoint_is_refused_naming_the_key(world, cell, spoil):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
     path = world.tmp_path / "checkpoint"
-    model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
-    train(model, optimizer, SAVED_AFTER)
+    model, optimizer, _ = trained(parallelism, world, RECIPE, SAVED_AFTER)
     state = training_state(model, optimizer, None)
     dcp.save({**state, "model": _spoiled(state["model"], spoil)}, checkpoint_id=str(path))
     world.barrier()

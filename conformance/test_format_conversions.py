@@ -39,9 +39,9 @@ from conformance._resume import (
     assert_state_is_single_process,
     resume,
 )
-from conformance._trajectory import fresh_training
+from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dcp_formats, dsd, full_options
-from conformance.models.common import ground_truth, train
+from conformance.models.common import ground_truth
 
 RECIPE = "adam"
 SAVED_AFTER = 2
@@ -60,8 +60,7 @@ def _single_process_state() -> dict[str, Any]:
 def test_dcp_to_torch_save_gives_the_full_training_state(world, cell):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
-    model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
-    train(model, optimizer, SAVED_AFTER)
+    model, optimizer, _ = trained(parallelism, world, RECIPE, SAVED_AFTER)
     checkpoint = world.tmp_path / "checkpoint"
     save_checkpoint(model, optimizer, str(checkpoint))
     world.barrier()

@@ -50,7 +50,7 @@ from conformance._parallelisms import (
     exists_at_size,
 )
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
-from conformance._trajectory import fresh_training
+from conformance._trajectory import trained
 from conformance._upstream import dsd, full_options
 from conformance.models.common import ground_truth, seeded_mlp, train
 
@@ -113,8 +113,7 @@ def test_a_model_built_on_meta_loads_and_trains_as_one_process(world, cell, load
     parallelism.skip_unless_runnable(world.device)
     path = str(world.tmp_path / "checkpoint")
     if load == "to_empty":
-        model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
-        train(model, optimizer, SAVED_AFTER)
+        model, optimizer, _ = trained(parallelism, world, RECIPE, SAVED_AFTER)
         save_checkpoint(model, optimizer, path)
     model = _built_on_meta(parallelism, world)
     if load == "to_empty":

@@ -36,9 +36,9 @@ import torch
 from conformance._compare import assert_state_dict_equal
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
-from conformance._trajectory import fresh_training
+from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dsd, full_options, with_parameters
-from conformance.models.common import ground_truth, train
+from conformance.models.common import ground_truth
 
 Layout = Literal["consolidated", "sharded", "rank0_full"]
 LAYOUTS: tuple[Layout, ...] = ("consolidated", "sharded", "rank0_full")
@@ -72,8 +72,7 @@ def _save(
     writer_class = dcp.HuggingFaceStorageWriter  # every rank skips where the build lacks it
     if layout != "rank0_full":
         with_parameters(writer_class, *LAYOUT_OPTIONS[layout])
-    model, optimizer, _ = fresh_training(PARALLELISMS[cell], world, RECIPE)
-    train(model, optimizer, SAVED_AFTER)
+    model, _, _ = trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER)
     full = dsd.get_model_state_dict(model, options=full_options())
     if layout == "rank0_full":
         if world.rank == 0:
@@ -96,13 +95,14 @@ def _assert_files_hold(path: Path, expected: dict[str, torch.Tensor]) -> None:
     """The safetensors files under ``path`` (not below) hold ``expected``, and its index
     names the file of each key."""
     safetensors_torch = pytest.importorskip("safetensors.torch")
-    files = sorted(path.glob("*.safetensors"))
-    read: dict[str, torch.Tensor] = {}
-    for file in files:
-        read.update(safetensors_torch.load_file(str(file)))
+    held = {
+        file.name: safetensors_torch.load_file(str(file))
+        for file in sorted(path.glob("*.safetensors"))
+    }
+    read = {key: tensor for tensors in held.values() for key, tensor in tensors.items()}
     assert_state_dict_equal(read, expected)
     weight_map = json.loads((path / INDEX).read_text())["weight_map"]
-    where = {key: file.name for file in files for key in safetensors_torch.load_file(str(file))}
+    where = {key: name for name, tensors in held.items() for key in tensors}
     assert weight_map == where, f"{INDEX} maps keys to {weight_map}, the files hold {where}"
 
 
