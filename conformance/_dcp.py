@@ -11,17 +11,30 @@ from typing import Any
 
 import torch
 
+from conformance._pipeline import is_stage
 from conformance._upstream import dcp, dsd, with_parameters
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
 def training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Scheduler | None,
+    *,
+    flatten: bool | None = None,
 ) -> dict[str, Any]:
     """What a training loop checkpoints: ``get_state_dict``'s model and optimizer state (the
-    shapes DCP saves and loads into) and the scheduler's state."""
-    model_state, optim_state = dsd.get_state_dict(model, optimizer)
+    shapes DCP saves and loads into) and the scheduler's state.
+
+    The optimizer state is nested, or flattened (``flatten_optimizer_state_dict``) where
+    ``flatten`` says so, by default where the model is a pipeline stage: upstream's form for
+    MPMD. Nested, each stage's param groups would be saved under the same keys with other
+    parameter names, and DCP keeps one stage's (a resumed stage then finds no group for its
+    parameters). A checkpoint is read in the form it was written in."""
+    flat = is_stage(model) if flatten is None else flatten
+    options = dsd.StateDictOptions(flatten_optimizer_state_dict=True) if flat else None
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
@@ -34,11 +47,13 @@ def save_checkpoint(
     path: str,
     *,
     scheduler: Scheduler | None = None,
+    flatten: bool | None = None,
     **kwargs: Any,
 ) -> None:
-    """Save the model's, optimizer's and scheduler's state under ``path`` (``kwargs`` go to
-    ``dcp.save``)."""
-    dcp.save(training_state(model, optimizer, scheduler), checkpoint_id=path, **kwargs)
+    """Save the model's, optimizer's and scheduler's state under ``path`` (``flatten``: see
+    ``training_state``; ``kwargs`` go to ``dcp.save``)."""
+    state = training_state(model, optimizer, scheduler, flatten=flatten)
+    dcp.save(state, checkpoint_id=path, **kwargs)
 
 
 def load_checkpoint(
@@ -47,10 +62,12 @@ def load_checkpoint(
     path: str,
     *,
     scheduler: Scheduler | None = None,
+    flatten: bool | None = None,
     **kwargs: Any,
 ) -> None:
-    """Load ``path`` into the model, optimizer and scheduler (``kwargs`` go to ``dcp.load``)."""
-    state = training_state(model, optimizer, scheduler)
+    """Load ``path`` into the model, optimizer and scheduler (``flatten``: see
+    ``training_state``; ``kwargs`` go to ``dcp.load``)."""
+    state = training_state(model, optimizer, scheduler, flatten=flatten)
     dcp.load(state, checkpoint_id=path, **kwargs)
     dsd.set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

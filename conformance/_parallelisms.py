@@ -16,8 +16,16 @@ from typing import Any
 import pytest
 from torch import nn
 
+from conformance._pipeline import split_into_stages
 from conformance._subworld import SubWorld
-from conformance._upstream import ddp, fsdp, fully_shard_on, quiet_deprecations, tensor_parallel
+from conformance._upstream import (
+    composable,
+    ddp,
+    fsdp,
+    fully_shard_on,
+    quiet_deprecations,
+    tensor_parallel,
+)
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
 
@@ -40,6 +48,7 @@ class Parallelism:
     nested: bool = False  # the model's units are wrapped on their own, inside the root
     fsdp1_mesh: bool = False  # FSDP1 given a device mesh, which refuses LOCAL_STATE_DICT
     fsdp2: bool = False  # built with fully_shard, which some releases cannot run on CPU
+    pipeline: bool = False  # each rank holds one stage's layers (conformance/_pipeline.py)
     # The oracle models the cell's state dicts; tests that compare with the oracle (their
     # names say so) skip a cell it does not, naming it (conformance/conftest.py).
     oracle_models: bool = True
@@ -90,6 +99,18 @@ def exists_at_size(param: str = "name") -> Applies:
     return applies
 
 
+def whole_model_at_size(param: str = "name") -> Applies:
+    """``applies`` for the world marker: the cell runs at the world size and every rank holds
+    the whole model there (a pipeline is whole at one rank only): for checks of a submodule
+    every rank must have."""
+
+    def applies(size: int, **params: Any) -> bool:
+        cell = PARALLELISMS[params[param]]
+        return cell.supports(size) and not (cell.pipeline and size > 1)
+
+    return applies
+
+
 def first_size_only(param: str = "name", every_size_if: dict[str, Any] | None = None) -> Applies:
     """``applies`` for the world marker: only the cell's ``first_size``, or every size it has
     where the parameters match ``every_size_if`` (e.g. ``{"recipe": "adam"}``)."""
@@ -115,6 +136,13 @@ def first_size_and_four(param: str = "name") -> Applies:
     return applies
 
 
+def flattened_between(*names: str) -> bool | None:
+    """The optimizer state's form for a checkpoint that passes between the cells ``names``
+    (``conformance._dcp.training_state``): flattened where one is a pipeline, so that both
+    sides read and write the form stages need; else each model's own (None)."""
+    return True if any(PARALLELISMS[n].pipeline for n in names if n in PARALLELISMS) else None
+
+
 TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
 
 
@@ -125,6 +153,11 @@ def comparison_tolerance(*cells: Parallelism) -> dict[str, float]:
 
 def _ddp(model: nn.Module, world: Any) -> nn.Module:
     return ddp.DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
+
+
+def _replicate(model: nn.Module, world: Any) -> nn.Module:
+    """Composable ``replicate``: DDP applied in place, the model's own class and FQNs kept."""
+    return composable.replicate(model, device_mesh=world.mesh(world.size, ("dp",)))
 
 
 def _fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
@@ -213,6 +246,8 @@ def _fsdp1_tp(model: nn.Module, world: Any) -> nn.Module:
 def _catalogue() -> dict[str, Parallelism]:
     cells = [
         Parallelism("ddp", _ddp, (1, 2, 4)),
+        Parallelism("replicate", _replicate, (1, 2, 4)),
+        Parallelism("pp", split_into_stages, (1, 2, 4), pipeline=True),
         Parallelism("fsdp2", _fsdp2(reshard_after_forward=True), (1, 2, 4), fsdp2=True),
         Parallelism(
             "fsdp2_keep_unsharded", _fsdp2(reshard_after_forward=False), (2, 4), fsdp2=True

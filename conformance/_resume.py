@@ -8,7 +8,7 @@ from typing import Any
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, load_options_for
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, comparison_tolerance
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance, flattened_between
 from conformance._subworld import SubWorld
 from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
 from conformance._upstream import dsd, full_options
@@ -27,13 +27,20 @@ def training_in(name: str, world: Any, recipe: str) -> Training:
 
 
 def resume(
-    training: Training, path: str, start: int, model_id: str = "mlp", **load: Any
+    training: Training,
+    path: str,
+    start: int,
+    model_id: str = "mlp",
+    *,
+    flatten: bool | None = None,
+    **load: Any,
 ) -> list[Snapshot]:
     """Load ``path`` into ``training``'s fresh objects, then train ``MORE_STEPS`` on the
-    inputs that follow step ``start``: a snapshot after each step (``load`` goes to
+    inputs that follow step ``start``: a snapshot after each step (``flatten``: the
+    checkpoint's optimizer state form, see ``training_state``; ``load`` goes to
     ``dcp.load``)."""
     model, optimizer, scheduler = training
-    load_checkpoint(model, optimizer, path, scheduler=scheduler, **load)
+    load_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=flatten, **load)
     inputs = MODELS[model_id].inputs
     return train_observed(
         model, optimizer, scheduler, MORE_STEPS, unobserved, lambda step: inputs(start + step)
@@ -44,12 +51,12 @@ def assert_full_state_is_single_process(
     training: Training, steps: int, recipe: str, *, full_load: bool = False, **tolerance: float
 ) -> None:
     """The full model, optimizer state and hyper-parameters of ``training`` equal one
-    process's after ``steps`` steps of ``recipe`` (``full_load``: see
-    ``assert_state_is_single_process``)."""
+    process's after ``steps`` steps of ``recipe``, or their part a pipeline stage holds
+    (``full_load``: see ``assert_state_is_single_process``)."""
     model, optimizer, _ = training
     model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
     assert_state_is_single_process(
-        model_state, optim_state, steps, recipe, full_load=full_load, **tolerance
+        model_state, optim_state, steps, recipe, full_load=full_load, held_by=model, **tolerance
     )
 
 
@@ -60,19 +67,27 @@ def assert_state_is_single_process(
     recipe: str,
     *,
     full_load: bool = False,
+    held_by: Any = None,
     **tolerance: float,
 ) -> None:
-    """A full model state dict and FQN-keyed optimizer state dict equal one process's after
-    ``steps`` steps of ``recipe``.
+    """A full model state dict and FQN-keyed optimizer state dict, nested or flattened, equal
+    one process's after ``steps`` steps of ``recipe`` (the part the model ``held_by`` holds,
+    where given).
 
     ``full_load``: the optimizer state went through a full load or a checkpoint, which upstream
     flattens and rebuilds, every sequence as a list: a tuple hyper-parameter such as Adam's
     ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
     both sides' sequences are compared as lists."""
     expected = ground_truth(steps, OPTIMIZERS[recipe])
+    if held_by is not None:
+        expected = expected.held_by(held_by)
     assert_state_dict_equal(model_state, expected.model, **tolerance)
-    assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
     as_given = _sequences_as_lists if full_load else dict
+    if "state" not in optim_state:  # flattened
+        flattened = expected.flattened_optimizer_state_dict
+        assert_state_dict_equal(as_given(optim_state), as_given(flattened), **tolerance)
+        return
+    assert_state_dict_equal(optim_state["state"], expected.optimizer_state, **tolerance)
     groups = {str(i): as_given(group) for i, group in enumerate(optim_state["param_groups"])}
     expected_groups = {str(i): as_given(group) for i, group in enumerate(expected.param_groups)}
     assert_state_dict_equal(groups, expected_groups)
@@ -98,7 +113,7 @@ def resume_on_the_first_ranks(
             return
     try:
         training = training_in(resumed_by, resumers, recipe)
-        resume(training, path, saved_after, **load)
+        resume(training, path, saved_after, flatten=flattened_between(*cells), **load)
         assert_full_state_is_single_process(
             training, saved_after + MORE_STEPS, recipe, **comparison_tolerance(*compared)
         )

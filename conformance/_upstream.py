@@ -215,6 +215,7 @@ sharded_tensor = TorchModule(
     ("ShardedTensor", "Shard", "ShardMetadata", "init_from_local_shards"),
 )
 ddp = TorchModule("torch.nn.parallel", ("DistributedDataParallel",))
+composable = TorchModule("torch.distributed._composable", ("replicate",))
 activation_checkpointing = TorchModule(
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
     ("apply_activation_checkpointing", "checkpoint_wrapper", "CheckpointImpl"),
@@ -236,6 +237,7 @@ MODULES: tuple[TorchModule, ...] = (
     device_mesh,
     sharded_tensor,
     ddp,
+    composable,
     activation_checkpointing,
     dist_optim,
 )

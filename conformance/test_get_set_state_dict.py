@@ -19,7 +19,11 @@ with rank 0 alone passing the full model and optimizer dicts (the others ``{}``)
 cells included) by torch and by the oracle, leaves identical models and optimizers holding
 the source's values; a strict broadcast load whose dict lacks a key raises on every rank,
 naming it; the deprecated ``submodules`` selection (``fc2`` alone, its prefix kept or cut by
-``keep_submodule_prefixes``), sharded and full, in every parallelism.
+``keep_submodule_prefixes``), sharded and full, in every parallelism whose ranks all hold
+``fc2`` (not a pipeline's stages). Under ``broadcast_from_rank0`` rank 0 passes the whole
+model's dicts: on a pipeline, every stage's part, each stage to take its own; the oracle's
+strict broadcast optimizer load refuses state of a parameter no rank holds, on every rank,
+naming it and none another stage holds.
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ import torch
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
 from conformance._optimizers import OPTIMIZERS, adam
-from conformance._parallelisms import PARALLELISMS, Parallelism, exists_at_size, first_size_only
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    exists_at_size,
+    first_size_only,
+    whole_model_at_size,
+)
+from conformance._pipeline import held_part, whole_model_state, whole_optimizer_state
 from conformance._upstream import ddp, dsd, quiet_deprecations
 from conformance.models.common import seeded_mlp, train, unwrapped_name
 
@@ -206,8 +217,11 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
     give the same model and optimizer, holding the source's values on every rank."""
     source, source_optimizer = build(PARALLELISMS[name], world)
     full = ri.StateDictOptions(full_state_dict=True)
-    model_state = ri.get_model_state_dict(source, options=full)
-    optim_state = ri.get_optimizer_state_dict(source, source_optimizer, options=full)
+    # The whole model's dicts, where each rank holds a pipeline stage's part of them.
+    model_state = whole_model_state(ri.get_model_state_dict(source, options=full))
+    optim_state = whole_optimizer_state(
+        ri.get_optimizer_state_dict(source, source_optimizer, options=full)
+    )
     theirs, ours = both_options(BROADCAST)
     upstream_loaders = (
         dsd.set_model_state_dict,
@@ -228,8 +242,26 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
         )
         results.append(ri.get_state_dict(model, optimizer, options=full))
     assert_trees_identical(results[0], results[1])
-    assert_trees_identical(results[1][0], model_state)
-    assert_trees_identical(results[1][1]["state"], optim_state["state"])
+    assert_trees_identical(results[1][0], held_part(model_state, model))
+    assert_trees_identical(results[1][1]["state"], held_part(optim_state["state"], model))
+
+
+@pytest.mark.world(2, timeout=20, applies=exists_at_size())
+@pytest.mark.parametrize("name", ["ddp", "pp"])
+def test_the_oracle_refuses_broadcast_state_of_a_parameter_no_rank_holds(world, name):
+    """Rank 0's whole optimizer dict also holds state for ``fc3.weight``, which no rank's
+    model has: the oracle's strict broadcast load raises on every rank, naming it and no
+    parameter another rank (a pipeline's other stage) holds; no rank is left waiting."""
+    model, optimizer = build(PARALLELISMS[name], world)
+    full = ri.StateDictOptions(full_state_dict=True)
+    state = whole_optimizer_state(ri.get_optimizer_state_dict(model, optimizer, options=full))
+    state["state"]["fc3.weight"] = copy.deepcopy(state["state"]["fc1.weight"])
+    given = state if world.rank == 0 else {}
+    options = ri.StateDictOptions(**BROADCAST)
+    with pytest.raises(RuntimeError, match=r"fc3\.weight") as refused:
+        ri.set_optimizer_state_dict(model, optimizer, given, options=options)
+    assert "fc1" not in str(refused.value)
+    assert "fc2" not in str(refused.value)
 
 
 @pytest.mark.world(
@@ -259,7 +291,7 @@ def _submodule(model: torch.nn.Module, fqn: str) -> torch.nn.Module:
     raise LookupError(f"{type(model).__name__} has no submodule {fqn}")
 
 
-@pytest.mark.world(2, applies=exists_at_size())
+@pytest.mark.world(2, applies=whole_model_at_size())
 @pytest.mark.parametrize("keep_prefixes", [True, False], ids=["prefix_kept", "prefix_cut"])
 @pytest.mark.parametrize("options", ["sharded", "full"])
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))

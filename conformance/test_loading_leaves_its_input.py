@@ -44,6 +44,7 @@ from conformance._fsdp1 import (
 )
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
+from conformance._pipeline import whole_model_state, whole_optimizer_state
 from conformance._trajectory import differences, snapshot, tree_leaves
 from conformance._upstream import dsd, fsdp, quiet_deprecations
 from conformance.models.common import seeded_mlp, train
@@ -92,15 +93,20 @@ def _dsd_family(
     read: Callable[..., Any],
     load: Callable[..., Any],
     nothing: Any,
+    whole: Callable[[Any], Any],
 ) -> Callable[[Parallelism], list[Load]]:
     """A setter of ``torch.distributed.checkpoint.state_dict`` under each option set of
     ``labels``: its input is what the matching getter gives with the same options, and under
-    ``broadcast`` on rank 0 alone (the others pass ``nothing``, empty, as a user would).
+    ``broadcast`` on rank 0 alone (the others pass ``nothing``, empty, as a user would) the
+    whole model's (``whole`` of the full read: every stage's, on a pipeline).
     ``read(model, optimizer, options)``; ``load(model, optimizer, given, options)``."""
 
     def held(label: str, rank: int, read_now: Callable[[], Any]) -> Any:
         given = read_now()  # on every rank: a full read is a collective
-        return nothing if label == "broadcast" and rank != 0 else given
+        if label != "broadcast":
+            return given
+        given = whole(given)
+        return given if rank == 0 else nothing
 
     def loads(_: Parallelism) -> list[Load]:
         return [
@@ -123,6 +129,7 @@ _model_loads = _dsd_family(
     lambda m, _, o: dsd.get_model_state_dict(m, options=o),
     lambda m, _, given, o: dsd.set_model_state_dict(m, given, options=o),
     nothing={},
+    whole=whole_model_state,
 )
 _optimizer_loads = _dsd_family(
     "set_optimizer_state_dict",
@@ -130,6 +137,7 @@ _optimizer_loads = _dsd_family(
     lambda m, opt, o: dsd.get_optimizer_state_dict(m, opt, options=o),
     lambda m, opt, given, o: dsd.set_optimizer_state_dict(m, opt, given, options=o),
     nothing={},
+    whole=whole_optimizer_state,
 )
 
 
@@ -142,6 +150,7 @@ def _state_family(labels: tuple[str, ...]) -> Callable[[Parallelism], list[Load]
             m, opt, model_state_dict=given[0], optim_state_dict=given[1], options=o
         ),
         nothing=({}, {}),
+        whole=lambda both: (whole_model_state(both[0]), whole_optimizer_state(both[1])),
     )
 
 

@@ -4,7 +4,9 @@ Judged against what a user can act on, not against the oracle. A cell trains two
 and reads its optimizer state dict with ``get_optimizer_state_dict`` (sharded or full, nested
 or flattened); the dict is then spoiled in one way, alike on every rank, and loaded with
 ``set_optimizer_state_dict`` (strict, the default) into a fresh model and optimizer of the
-same cell, which then trains one step. What is spoiled, in ``fc1.weight``'s state:
+same cell, which then trains one step (on a pipeline, the stage holding ``fc1.weight`` is
+given the spoiled dict, and the other stage its own, unspoiled: it must load it). What is
+spoiled, in ``fc1.weight``'s state:
 
 - ``missing_state``: the parameter's whole state is left out;
 - ``missing_entry``: its ``exp_avg_sq`` is left out;
@@ -41,6 +43,7 @@ import torch.distributed as dist
 import reference_impl as ri
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
+from conformance._pipeline import holds
 from conformance._upstream import dsd, quiet_deprecations
 from conformance.models.common import seeded_mlp, train
 
@@ -160,8 +163,8 @@ def _attempt(action: Callable[[], None]) -> str | None:
     return None
 
 
-def _everyone(outcome: str | None) -> list[str | None]:
-    outcomes: list[str | None] = [None] * dist.get_world_size()
+def _everyone(outcome: Any) -> list[Any]:
+    outcomes: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, outcome)
     return outcomes
 
@@ -182,11 +185,13 @@ def _converted_as_given(
     return None
 
 
-def _verdict(spoil: Spoil, outcomes: list[str | None]) -> list[str]:
-    """What each rank got wrong, given every rank's error (``None``: none raised)."""
+def _verdict(spoil: Spoil, outcomes: list[str | None], spoiled: list[bool]) -> list[str]:
+    """What each rank got wrong, given every rank's error (``None``: none raised) and whether
+    its input was spoiled (a pipeline's stage that does not hold ``PARAM`` loads its own
+    part, unspoiled)."""
     wrong = []
     for rank, outcome in enumerate(outcomes):
-        if not spoil.names:
+        if not spoil.names or not spoiled[rank]:
             if outcome is not None:
                 wrong.append(f"rank {rank}: refused it: {outcome}")
         elif outcome is None:
@@ -203,7 +208,10 @@ def _judge(api: Any, world: Any, cell: str, path: str, spoil: str) -> None:
     options = api.StateDictOptions(**PATHS[path])
     model, optimizer = _trained(parallelism, world, steps=2)
     given = api.get_optimizer_state_dict(model, optimizer, options=options)
-    bad.apply(Editable(given, options.flatten_optimizer_state_dict))
+    spoiled_here = holds(model)(PARAM)  # a pipeline's other stages hold no state of it
+    if spoiled_here:
+        bad.apply(Editable(given, options.flatten_optimizer_state_dict))
+    spoiled = _everyone(spoiled_here)
     fresh, fresh_optimizer = _trained(parallelism, world, steps=0)
 
     outcomes = _everyone(
@@ -212,12 +220,14 @@ def _judge(api: Any, world: Any, cell: str, path: str, spoil: str) -> None:
         )
     )
     if not any(outcomes) and bad.convertible:
-        wrong = _converted_as_given(api, fresh, fresh_optimizer, given, options)
+        wrong = None
+        if spoiled_here:
+            wrong = _converted_as_given(api, fresh, fresh_optimizer, given, options)
         assert wrong is None, f"rank {world.rank}: {path} load of {bad.description}: {wrong}"
         return
     if not any(outcomes):
         outcomes = _everyone(_attempt(lambda: train(fresh, fresh_optimizer, steps=1)))
-    wrong = _verdict(bad, outcomes)
+    wrong = _verdict(bad, outcomes, spoiled)
     assert not wrong, f"{path} load of {bad.description}:\n" + "\n".join(wrong)
 
 

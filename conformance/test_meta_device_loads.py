@@ -73,11 +73,13 @@ def _built_on_meta(cell: Parallelism, world: Any) -> nn.Module:
 
 def _load_full(model: nn.Module, world: Any, load: Load) -> torch.optim.Optimizer:
     """The single-process state after ``SAVED_AFTER`` steps into ``model``, then into an
-    optimizer built on the loaded parameters: every rank given it (``distribute``), or rank 0
-    only and broadcast (``broadcast``)."""
+    optimizer built on the loaded parameters: every rank given it (``distribute``: the part it
+    holds, on a pipeline's stage), or rank 0 only and broadcast (``broadcast``: the whole)."""
     holds_it = load == "distribute" or world.rank == 0
     options = full_options(broadcast_from_rank0=load == "broadcast")
     truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+    if load == "distribute":
+        truth = truth.held_by(model)
     dsd.set_model_state_dict(model, truth.model if holds_it else {}, options=options)
     _assert_none_on_meta(model, world)
     optimizer, _ = OPTIMIZERS[RECIPE].build(model)

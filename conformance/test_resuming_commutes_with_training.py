@@ -28,7 +28,12 @@ import pytest
 
 from conformance._dcp import save_checkpoint
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    first_size_and_four,
+    flattened_between,
+)
 from conformance._resume import MORE_STEPS, resume, resume_on_the_first_ranks
 from conformance._trajectory import (
     first_parting,
@@ -52,13 +57,19 @@ def _skip_unless_applies(cell: Parallelism, recipe: str, model_id: str) -> None:
 
 
 def _checkpoint_after(
-    steps: int, cell: Parallelism, world: Any, recipe: str, model_id: str = "mlp"
+    steps: int,
+    cell: Parallelism,
+    world: Any,
+    recipe: str,
+    model_id: str = "mlp",
+    flatten: bool | None = None,
 ) -> str:
-    """Where fresh training in ``cell`` saved its checkpoint after ``steps`` steps."""
+    """Where fresh training in ``cell`` saved its checkpoint after ``steps`` steps
+    (``flatten``: the optimizer state's form, see ``conformance._dcp.training_state``)."""
     model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
     train_observed(model, optimizer, scheduler, steps, unobserved, MODELS[model_id].inputs)
     path = str(world.tmp_path / "checkpoint")
-    save_checkpoint(model, optimizer, path, scheduler=scheduler)
+    save_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=flatten)
     return path
 
 
@@ -109,6 +120,10 @@ RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
     ("ddp", "fsdp2_tp", 4),
     ("fsdp2_tp", "tp", 2),
     ("tp", "fsdp1_full_shard_orig_nested", 2),
+    ("pp", "single", 1),  # two stages of two ranks each, into one process
+    ("pp", "fsdp2", 2),
+    ("fsdp2", "pp", 2),  # and back: into two stages of one rank
+    ("pp", "pp", 2),
 ]
 SAVED_STEPS = 2
 
@@ -124,6 +139,7 @@ def test_resuming_under_another_cell_trains_as_one_process(
     cells = [PARALLELISMS[name] for name in (saved_by, resumed_by) if name in PARALLELISMS]
     for cell in cells:
         cell.skip_unless_runnable(world.device)
-    path = _checkpoint_after(SAVED_STEPS, PARALLELISMS[saved_by], world, recipe)
+    flatten = flattened_between(saved_by, resumed_by)
+    path = _checkpoint_after(SAVED_STEPS, PARALLELISMS[saved_by], world, recipe, flatten=flatten)
     world.barrier()
     resume_on_the_first_ranks(world, size, (saved_by, resumed_by), path, SAVED_STEPS, recipe)

@@ -15,7 +15,7 @@ contract says (e.g. frozen parameters keep their optimizer state on load).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from reference_impl._optim_input import (
     require_complete_state,
     require_known_parameters,
 )
+from reference_impl._tree_broadcast import broadcast_tree
 from reference_impl.fsdp_optim_utils import fsdp_optim_state_dict, fsdp_optim_state_dict_to_load
 from reference_impl.fsdp_state_dict_utils import (
     IncompatibleKeys,
@@ -453,8 +454,11 @@ def set_optimizer_state_dict(
     optimizers = _optimizers(optimizers)
     _require_optimizer_state(optim_state_dict, options)
     names = ModelNames(model, options.dsd_fqn_modifiers)
-    if options.strict and optim_state_dict:
-        require_known_parameters(optim_state_dict, parameter_fqns(model, names))
+    held = parameter_fqns(model, names)
+    if options.broadcast_from_rank0:
+        optim_state_dict, options = _from_rank0(optim_state_dict, held, options, model)
+    elif options.strict and optim_state_dict:
+        require_known_parameters(optim_state_dict, held)
     for optimizer in optimizers:
         ensure_optimizer_state(optimizer)
         own = _own_part(optimizer, optim_state_dict, names, options.strict)
@@ -471,6 +475,42 @@ def set_optimizer_state_dict(
         elif options.full_state_dict:
             own = _optimizer_localised(optimizer, own, names, options)
         optimizer.load_state_dict(own)
+
+
+def _from_rank0(
+    state_dict: StateDict, held: set[str], options: StateDictOptions, model: nn.Module
+) -> tuple[StateDict, StateDictOptions]:
+    """Rank 0's full optimizer state dict, checked against the parameters of every rank (a
+    strict load of state for a parameter no rank holds raises on every rank), and the options
+    to load it with.
+
+    Where every rank holds the same parameters, rank 0's part of the dict is every rank's and
+    the load broadcasts it. Where ranks hold different parameters (pipeline stages), each
+    rank's part is its own: every rank receives rank 0's dict and loads its part as from a
+    full dict given on every rank.
+    """
+    everywhere: list[set[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everywhere, held)
+    known = set().union(*(fqns or set() for fqns in everywhere))
+    if options.strict:
+        verdict = [_unknown_parameters(state_dict, known) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            raise RuntimeError(verdict[0])
+    if all(fqns == held for fqns in everywhere):
+        return state_dict, options
+    device = next(iter(model.parameters())).device
+    whole = broadcast_tree(state_dict, device, group=None)
+    return whole, replace(options, broadcast_from_rank0=False)
+
+
+def _unknown_parameters(state_dict: StateDict, known: set[str]) -> str | None:
+    """``require_known_parameters``'s error for ``state_dict``, or None."""
+    try:
+        require_known_parameters(state_dict, known)
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 def _own_part(

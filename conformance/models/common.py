@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from conformance._optimizers import adam
+from conformance._pipeline import holds
 from conformance._upstream import dtensor, tensor_parallel
 
 SEED = 1234
@@ -34,6 +35,9 @@ class MLPWithBuffers(nn.Module):
     """
 
     units = ("fc1", "fc2")  # the submodules a nested wrapping wraps on their own
+    # What each pipeline stage holds, in order (conformance/_pipeline.py): fc1 and the scale
+    # applied to its output, then fc2. The non-persistent buffer stays on every stage.
+    stages = (("fc1", "running_scale"), ("fc2",))
 
     def __init__(self, hidden: int = 10) -> None:
         super().__init__()
@@ -43,7 +47,13 @@ class MLPWithBuffers(nn.Module):
         self.register_buffer("scratch", torch.zeros(3), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)) * self.running_scale)
+        return self.stage_forward(1, self.stage_forward(0, x))
+
+    def stage_forward(self, stage: int, x: torch.Tensor) -> torch.Tensor:
+        """Pipeline stage ``stage`` of ``forward``: what ``stages[stage]`` computes."""
+        if stage == 0:
+            return torch.relu(self.fc1(x)) * self.running_scale
+        return self.fc2(x)
 
     def reset_parameters(self) -> None:
         """The buffers' initial values again: what FSDP1 calls on a module it materializes
@@ -130,6 +140,36 @@ class GroundTruth:
     model: dict[str, torch.Tensor]
     optimizer_state: dict[str, dict[str, Any]]
     param_groups: list[dict[str, Any]]  # hyper-parameters, with FQN lists as "params"
+
+    def held_by(self, model: nn.Module) -> GroundTruth:
+        """What ``model`` holds of this state: all of it, or its pipeline stage's part (the
+        stage's keys, its parameters' state, each param group's names of them)."""
+        held = holds(model)
+        return GroundTruth(
+            model={key: value for key, value in self.model.items() if held(key)},
+            optimizer_state={k: v for k, v in self.optimizer_state.items() if held(k)},
+            param_groups=[
+                {**group, "params": [name for name in group["params"] if held(name)]}
+                for group in self.param_groups
+            ],
+        )
+
+    @property
+    def flattened_optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer state as ``flatten_optimizer_state_dict`` gives it, one key per value:
+        ``state.<fqn>.<entry>``, and ``param_groups.<fqn>.<hyper-parameter>`` for each
+        parameter of each group."""
+        flat = {
+            f"state.{fqn}.{entry}": value
+            for fqn, entries in self.optimizer_state.items()
+            for entry, value in entries.items()
+        }
+        for group in self.param_groups:
+            for fqn in group["params"]:
+                flat.update(
+                    {f"param_groups.{fqn}.{k}": v for k, v in group.items() if k != "params"}
+                )
+        return flat
 
     @property
     def optimizer_state_dict(self) -> dict[str, Any]:

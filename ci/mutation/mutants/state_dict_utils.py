@@ -16,6 +16,7 @@ Fn = Callable[..., Any]
 UTILS = "conformance/test_state_dict_utils.py"
 UPSTREAM_CASES = "conformance/test_state_dict_utils_upstream_cases.py"
 PEAK_MEMORY = "conformance/test_peak_memory.py"
+LOADING = "conformance/test_loading_leaves_its_input.py"
 
 
 def _gather_returns_local_shards(original: Fn) -> Fn:
@@ -169,6 +170,16 @@ def _broadcast_every_tensor_first(original: Fn) -> Fn:
     return broadcast
 
 
+def _broadcast_keeps_keys_not_held(original: Fn) -> Fn:
+    def broadcast(full: dict[str, Any], local: dict[str, Any], keys: list[str], *args: Any) -> None:
+        for key in keys:
+            if local.get(key) is None:
+                local[key] = torch.empty(0)  # a plain tensor: replaced by the one received
+        original(full, local, keys, *args)
+
+    return broadcast
+
+
 def _copy_through_temporaries(original: Fn) -> Fn:
     def copy(
         state_dict: dict[str, Any], copy_state_dict: dict[str, Any], *args: Any, **kw: Any
@@ -280,6 +291,14 @@ MUTANTS = [
         "_broadcast_state_dict",
         "zero-dim tensors keep their local values on ranks other than 0",
         _broadcast_skips_zero_dim_tensors,
+    ),
+    _mutant(
+        "broadcast_keeps_keys_the_rank_does_not_hold",
+        "_broadcast_tensors",
+        "every tensor rank 0 broadcasts is kept, also where the rank holds no such key (a "
+        "pipeline's stage then loads the other stages' layers)",
+        _broadcast_keeps_keys_not_held,
+        LOADING,
     ),
     _mutant(
         "distribute_takes_the_wrong_rows_of_uneven_tensors",

@@ -1,0 +1,81 @@
+"""Pipeline stages hold their own layers alone, under the whole model's names.
+
+The ``pp`` cell (``conformance/_pipeline.py``) splits the matrix's MLP into two stages, ``fc1``
+and the scale after it, then ``fc2``: at 2 ranks one stage each, at 4 ranks each stage on two
+data-parallel ranks. Every other check module judges it like any cell, against the part of
+the single-process state its stage holds; loads from rank 0 hand rank 0 the whole model's
+dicts, as a user loading a whole checkpoint into a pipeline does. Its checkpoints carry the
+optimizer state flattened (``flatten_optimizer_state_dict``), the form upstream gives for
+MPMD, and cross to and from other cells in that form (``test_resuming_commutes_with_training``:
+saved by two stages of two ranks, resumed by one process and by FSDP2 at 2 ranks; saved by
+FSDP2, resumed by two stages; saved at 4 ranks, resumed at 2).
+
+Here: after two steps, each rank's model state dict (sharded and full) holds exactly its
+stage's keys under their names in the whole model (never renumbered, never another stage's),
+its optimizer state the state of its stage's parameters alone, and every stage's part
+together is the single-process state, bit for bit. And the nested optimizer state (the
+default form) of a pipeline saved through DCP and resumed: each stage saves its param groups
+under the same keys with its own parameter names; a correct build keeps every stage's, so
+the resumed stages train on as one process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance._compare import assert_state_dict_equal
+from conformance._dcp import save_checkpoint
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS, first_size_and_four
+from conformance._pipeline import HELD, whole_model_state, whole_optimizer_state
+from conformance._resume import MORE_STEPS, assert_full_state_is_single_process, resume
+from conformance._trajectory import fresh_training, trained
+from conformance._upstream import dsd, full_options
+from conformance.models.common import MLPWithBuffers, ground_truth, seeded_mlp
+
+RECIPE = "adamw_step_lr"
+SAVED_AFTER = 2
+STAGED = pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+
+
+def _stage_keys(stage: int) -> set[str]:
+    """The keys of the whole model's state dict that stage ``stage`` of the MLP holds, by its
+    plan (``MLPWithBuffers.stages``): written from the plan, not from what a rank holds."""
+    held = MLPWithBuffers.stages[stage]
+    return {
+        key
+        for key in seeded_mlp().state_dict()
+        if any(key == name or key.startswith(f"{name}.") for name in held)
+    }
+
+
+@STAGED
+@pytest.mark.parametrize("cell", ["pp"])
+def test_each_stage_holds_its_own_layers_alone(world, cell):
+    model, optimizer, _ = trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER)
+    stage = MLPWithBuffers.stages.index(getattr(model, HELD))
+    expected = _stage_keys(stage)
+    for options in (None, full_options()):
+        held = set(dsd.get_model_state_dict(model, options=options))
+        assert held == expected, f"rank {world.rank} (stage {stage}) holds {sorted(held)}"
+    full_optimizer = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
+    parameters = {key for key in expected if key != "running_scale"}
+    assert set(full_optimizer["state"]) == parameters
+    assert {n for g in full_optimizer["param_groups"] for n in g["params"]} == parameters
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+    full_model = dsd.get_model_state_dict(model, options=full_options())
+    assert_state_dict_equal(whole_model_state(full_model), truth.model)
+    every_stage = whole_optimizer_state(full_optimizer)
+    assert_state_dict_equal(every_stage["state"], truth.optimizer_state)
+
+
+@STAGED
+@pytest.mark.parametrize("cell", ["pp"])
+def test_a_pipeline_checkpoint_of_nested_optimizer_state_resumes(world, cell):
+    parallelism = PARALLELISMS[cell]
+    model, optimizer, scheduler = trained(parallelism, world, RECIPE, SAVED_AFTER)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=False)
+    training = fresh_training(parallelism, world, RECIPE)
+    resume(training, path, SAVED_AFTER, flatten=False)
+    assert_full_state_is_single_process(training, SAVED_AFTER + MORE_STEPS, RECIPE)
