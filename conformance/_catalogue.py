@@ -13,6 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from conformance._readme_section import with_section
+
 SUITE_DIR = Path(__file__).resolve().parent
 README = SUITE_DIR / "README.md"
 BEGIN = (
@@ -40,11 +42,7 @@ def catalogue(suite_dir: Path = SUITE_DIR) -> str:
 
 def refreshed(readme: str, suite_dir: Path = SUITE_DIR) -> str:
     """``readme`` with the text between ``BEGIN`` and ``END`` made anew."""
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"the README lacks the catalogue markers {BEGIN!r} ... {END!r}")
-    return f"{head}{BEGIN}\n\n{catalogue(suite_dir)}\n{END}{tail}"
+    return with_section(readme, BEGIN, END, f"\n{catalogue(suite_dir)}")
 
 
 def main() -> int:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from conformance._readme_section import with_section
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:
@@ -169,11 +171,7 @@ def page(files: tuple[UpstreamFile, ...]) -> str:
 
 def refreshed_readme(readme: str, files: tuple[UpstreamFile, ...]) -> str:
     """``readme`` with the counts between ``BEGIN`` and ``END`` made anew."""
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"the README lacks the markers {BEGIN!r} ... {END!r}")
-    return f"{head}{BEGIN}\n{summary(files)}\n{END}{tail}"
+    return with_section(readme, BEGIN, END, summary(files))
 
 
 def main() -> int:

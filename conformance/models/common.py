@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from conformance._optimizers import adam
-from conformance._pipeline import holds
+from conformance._pipeline import held_part, holds
 from conformance._upstream import dtensor, tensor_parallel
 
 SEED = 1234
@@ -146,8 +146,8 @@ class GroundTruth:
         stage's keys, its parameters' state, each param group's names of them)."""
         held = holds(model)
         return GroundTruth(
-            model={key: value for key, value in self.model.items() if held(key)},
-            optimizer_state={k: v for k, v in self.optimizer_state.items() if held(k)},
+            model=held_part(self.model, model),
+            optimizer_state=held_part(self.optimizer_state, model),
             param_groups=[
                 {**group, "params": [name for name in group["params"] if held(name)]}
                 for group in self.param_groups
