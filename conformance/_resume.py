@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, load_options_for
 from conformance._optimizers import OPTIMIZERS
@@ -12,7 +14,7 @@ from conformance._parallelisms import PARALLELISMS, comparison_tolerance, flatte
 from conformance._subworld import SubWorld
 from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
 from conformance._upstream import dsd, full_options
-from conformance.models.common import ground_truth, seeded_mlp
+from conformance.models.common import computed_on, ground_truth, seeded_mlp
 from conformance.models.zoo import MODELS
 
 MORE_STEPS = 2  # steps trained after a load
@@ -21,7 +23,7 @@ MORE_STEPS = 2  # steps trained after a load
 def training_in(name: str, world: Any, recipe: str) -> Training:
     """Fresh objects in the cell ``name``, or on one process alone (``single``)."""
     if name == "single":
-        model = seeded_mlp()
+        model = seeded_mlp().to(world.device)
         return (model, *OPTIMIZERS[recipe].build(model))
     return fresh_training(PARALLELISMS[name], world, recipe)
 
@@ -56,7 +58,14 @@ def assert_full_state_is_single_process(
     model, optimizer, _ = training
     model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
     assert_state_is_single_process(
-        model_state, optim_state, steps, recipe, full_load=full_load, held_by=model, **tolerance
+        model_state,
+        optim_state,
+        steps,
+        recipe,
+        device=computed_on(model),
+        full_load=full_load,
+        held_by=model,
+        **tolerance,
     )
 
 
@@ -66,19 +75,20 @@ def assert_state_is_single_process(
     steps: int,
     recipe: str,
     *,
+    device: torch.device,
     full_load: bool = False,
     held_by: Any = None,
     **tolerance: float,
 ) -> None:
     """A full model state dict and FQN-keyed optimizer state dict, nested or flattened, equal
-    one process's after ``steps`` steps of ``recipe`` (the part the model ``held_by`` holds,
-    where given).
+    one process's on ``device`` after ``steps`` steps of ``recipe`` (the part the model
+    ``held_by`` holds, where given).
 
     ``full_load``: the optimizer state went through a full load or a checkpoint, which upstream
     flattens and rebuilds, every sequence as a list: a tuple hyper-parameter such as Adam's
     ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
     both sides' sequences are compared as lists."""
-    expected = ground_truth(steps, OPTIMIZERS[recipe])
+    expected = ground_truth(steps, OPTIMIZERS[recipe], device=device)
     if held_by is not None:
         expected = expected.held_by(held_by)
     assert_state_dict_equal(model_state, expected.model, **tolerance)

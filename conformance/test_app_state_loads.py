@@ -188,10 +188,12 @@ def _full_state(training: Training) -> dict[str, Any]:
     return copy.deepcopy({"model": model_state, "optim": optim_state})
 
 
-def _saved_where(loaded: Callable[[str], bool], before: dict[str, Any]) -> dict[str, Any]:
-    """The full model state ``before`` a load, with the saved (single-process) values of the
-    keys the load ``loaded``."""
-    saved = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE]).model
+def _saved_where(
+    loaded: Callable[[str], bool], before: dict[str, Any], device: torch.device
+) -> dict[str, Any]:
+    """The full model state ``before`` a load, with the saved (single-process, on ``device``)
+    values of the keys the load ``loaded``."""
+    saved = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=device).model
     return {key: saved[key] if loaded(key) else value for key, value in before.items()}
 
 
@@ -212,7 +214,7 @@ def test_a_load_of_some_keys_loads_those_and_leaves_the_rest(world, cell, keys):
     options = dsd.StateDictOptions(strict=False)
     dsd.set_model_state_dict(training[0], model_state, options=options)
     after = _full_state(training)
-    expected = _saved_where(lambda key: key.startswith(prefix), before["model"])
+    expected = _saved_where(lambda key: key.startswith(prefix), before["model"], world.device)
     assert_state_dict_equal(after["model"], expected, **tolerance)
     assert_state_dict_equal(after["optim"], before["optim"], **tolerance)
 
@@ -239,7 +241,9 @@ def test_a_partial_load_fills_what_the_checkpoint_has(world, cell):
     dcp.load(template, checkpoint_id=path, planner=planner)
     assert_state_dict_equal(local_copy(template["optim"]), optimizer_before, **tolerance)
     dsd.set_model_state_dict(training[0], template["model"])
-    expected = _saved_where(lambda key: not key.startswith(NEW_LAYER), before["model"])
+    expected = _saved_where(
+        lambda key: not key.startswith(NEW_LAYER), before["model"], world.device
+    )
     assert_state_dict_equal(_full_state(training)["model"], expected, **tolerance)
 
 

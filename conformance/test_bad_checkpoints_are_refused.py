@@ -75,8 +75,8 @@ def _spoiled(model_state: dict[str, Any], spoil: Spoil) -> dict[str, Any]:
 
 def _saved_float64() -> torch.Tensor:
     """The ``wrong_dtype`` spoil's value: not the model's, so that a load that converts it
-    shows what it read."""
-    return ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE]).model[PARAM].double() * 1.5
+    shows what it read (any device's training gives such a value)."""
+    return ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device="cpu").model[PARAM].double() * 1.5
 
 
 def _file_hashes(path: Path) -> dict[str, str]:
@@ -158,7 +158,7 @@ def test_a_spoiled_safetensors_file_is_refused_naming_it(world, spoil):
     pytest.importorskip("safetensors")
     writer_class = dcp.HuggingFaceStorageWriter  # every rank skips where the build lacks it
     path = world.tmp_path / "hf"
-    model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE]).model
+    model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
     if world.rank == 0:
         dcp.save(model, storage_writer=writer_class(str(path)), no_dist=True)
         (file,) = path.glob("*.safetensors")
@@ -178,7 +178,7 @@ def test_a_spoiled_safetensors_file_is_refused_naming_it(world, spoil):
 @pytest.mark.world(1, 2, 4)
 def test_a_torch_save_file_that_is_no_state_dict_is_refused_naming_it(world):
     file = world.tmp_path / "model.pt"
-    model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE]).model
+    model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
     if world.rank == 0:
         torch.save(list(model.values()), file)
     world.barrier()

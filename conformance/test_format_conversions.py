@@ -54,11 +54,11 @@ SAVED_AFTER = 2
 CELLS = sorted(PARALLELISMS)
 
 
-def _single_process_state(flattened: bool | None = None) -> dict[str, Any]:
-    """What a single-process training loop would ``torch.save`` after ``SAVED_AFTER``
-    steps: its model state and its optimizer state keyed by parameter names, nested or
-    (``flattened``, for a pipeline's stages to read) flattened."""
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+def _single_process_state(device: torch.device, flattened: bool | None = None) -> dict[str, Any]:
+    """What a single-process training loop on ``device`` would ``torch.save`` after
+    ``SAVED_AFTER`` steps: its model state and its optimizer state keyed by parameter names,
+    nested or (``flattened``, for a pipeline's stages to read) flattened."""
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=device)
     optim = truth.flattened_optimizer_state_dict if flattened else truth.optimizer_state_dict
     return {"model": truth.model, "optim": optim}
 
@@ -81,6 +81,7 @@ def test_dcp_to_torch_save_gives_the_full_training_state(world, cell):
             state["optim"],
             SAVED_AFTER,
             RECIPE,
+            device=world.device,
             full_load=True,
             **comparison_tolerance(parallelism),
         )
@@ -103,7 +104,7 @@ def test_torch_save_to_dcp_resumes_every_cell_as_one_process(world, cell):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
     flatten = flattened_between(cell)
-    path = _single_process_checkpoint(world, _single_process_state(flatten))
+    path = _single_process_checkpoint(world, _single_process_state(world.device, flatten))
     training = fresh_training(parallelism, world, RECIPE)
     resume(training, path, SAVED_AFTER, flatten=flatten)
     assert_full_state_is_single_process(
@@ -120,7 +121,7 @@ def test_torch_save_to_dcp_resumes_every_cell_as_one_process(world, cell):
 def test_a_torch_save_file_on_rank_0_broadcasts_into_every_cell(world, cell):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
-    expected = _single_process_state()["model"]
+    expected = _single_process_state(world.device)["model"]
     path = world.tmp_path / "model.pt"
     if world.rank == 0:
         torch.save(expected, path)

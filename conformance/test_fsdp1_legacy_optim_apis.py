@@ -104,8 +104,9 @@ def test_legacy_load_matches_the_oracle(world, name, api):
     assert_trees_identical(ri.fsdp_optim_state_dict(model, fresh, **save_options), saved)
 
 
-def _single_process_adam() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = seeded_mlp()
+def _single_process_adam(device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The MLP and Adam trained alone on ``device`` (the world's: see ``ground_truth``)."""
+    model = seeded_mlp().to(device)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, STEPS)
     return model, optimizer
@@ -121,7 +122,7 @@ def test_rekey_to_ids_matches_the_oracle(world, name):
     """
     model, optimizer = _trained(world, name)
     full = ri.fsdp_optim_state_dict(model, optimizer)
-    plain, plain_optimizer = _single_process_adam()
+    plain, plain_optimizer = _single_process_adam(world.device)
     rekey = fsdp1_api("rekey_optim_state_dict")
     theirs = rekey(full, fsdp.OptimStateKeyType.PARAM_ID, plain, optim=plain_optimizer)
     ours = ri.fsdp_rekey_optim_state_dict(
@@ -134,7 +135,7 @@ def test_rekey_to_ids_matches_the_oracle(world, name):
     assert_trees_identical(by_wrapped, ours)
     fresh, _ = OPTIMIZERS["adam"].build(plain)
     fresh.load_state_dict(ours)
-    truth = ground_truth(STEPS, OPTIMIZERS["adam"])
+    truth = ground_truth(STEPS, OPTIMIZERS["adam"], device=world.device)
     names = {param: fqn for fqn, param in plain.named_parameters()}
     assert_state_dict_equal({names[p]: s for p, s in fresh.state.items()}, truth.optimizer_state)
 
@@ -145,7 +146,7 @@ def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
     """An unwrapped model's ID-keyed state, re-keyed to FQNs and sharded for an FSDP1 model,
     is exactly what that model's own optimizer holds after the same training."""
     model, optimizer = _trained(world, name)
-    plain, plain_optimizer = _single_process_adam()
+    plain, plain_optimizer = _single_process_adam(world.device)
     saved = plain_optimizer.state_dict()
     rekey = fsdp1_api("rekey_optim_state_dict")
     theirs = rekey(saved, fsdp.OptimStateKeyType.PARAM_NAME, plain, optim=plain_optimizer)

@@ -99,7 +99,7 @@ def test_the_oracles_full_state_dict_equals_the_single_process_one(world, name, 
     model = _wrapped(world, name)
     config = fsdp.FullStateDictConfig(offload_to_cpu=offload)
     ours = ri.fsdp_state_dict(model, fsdp.StateDictType.FULL_STATE_DICT, config)
-    assert_state_dict_equal(ours, ground_truth(steps=2).model)
+    assert_state_dict_equal(ours, ground_truth(steps=2, device=world.device).model)
     if offload:
         assert {str(value.device) for value in ours.values()} == {"cpu"}
 
@@ -112,7 +112,7 @@ def test_the_oracles_rank0_only_state_dict_is_on_global_rank_0_only(world, name)
     config = fsdp.FullStateDictConfig(rank0_only=True)
     ours = ri.fsdp_state_dict(model, fsdp.StateDictType.FULL_STATE_DICT, config)
     if world.rank == 0 or "no_shard" in name:  # NO_SHARD: a full state dict everywhere
-        assert_state_dict_equal(ours, ground_truth(steps=2).model)
+        assert_state_dict_equal(ours, ground_truth(steps=2, device=world.device).model)
     else:
         assert ours == {}
 
@@ -139,7 +139,9 @@ def test_loading_matches_the_oracle(world, name, kind):
     torch_model_load(by_torch, copy.copy(saved), kind)
     ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), state_dict_type)
     assert_trees_identical(_flat_params(by_torch), _flat_params(by_oracle))
-    assert_state_dict_equal(ri.fsdp_state_dict(by_oracle), ground_truth(steps=2).model)
+    assert_state_dict_equal(
+        ri.fsdp_state_dict(by_oracle), ground_truth(steps=2, device=world.device).model
+    )
     for model in (by_torch, by_oracle):
         train(model, adam(model), steps=1)
     assert_trees_identical(_flat_params(by_torch), _flat_params(by_oracle))
@@ -176,7 +178,7 @@ def test_mixed_precision_buffers_and_ignored_modules_match_the_oracle(world, kin
 def test_the_oracle_saves_buffers_in_their_dtype_before_mixed_precision(world):
     """Equal to a single-process model trained with a float16 buffer, saved as float32."""
     ours = ri.fsdp_state_dict(_half_buffers_fc2_ignored(world))
-    single = seeded_mlp()
+    single = seeded_mlp().to(world.device)  # the world's kind of device: see ground_truth
     single.running_scale = single.running_scale.half()
     train(single, adam(single), steps=2)
     truth = single.state_dict()

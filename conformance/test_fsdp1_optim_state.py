@@ -86,7 +86,7 @@ def test_the_oracles_full_state_equals_the_single_process_state(world, name):
     model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
     optimizer, _ = OPTIMIZERS["adam"].build(model)
     train(model, optimizer, 2)
-    truth = ground_truth(steps=2, recipe=OPTIMIZERS["adam"])
+    truth = ground_truth(steps=2, recipe=OPTIMIZERS["adam"], device=world.device)
     ours = ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True)
     assert_state_dict_equal(ours["state"], truth.optimizer_state)
     assert_no_state_tensors_overlap(ours["state"])

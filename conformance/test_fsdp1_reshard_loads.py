@@ -66,7 +66,7 @@ def test_load_into_another_wrapping_and_train_on(world, saved_by, loaded_by, kin
         assert_trees_identical(state_names_sorted(theirs), ours)
         target_optimizer.load_state_dict(ours)
         train(target, target_optimizer, 1, start=STEPS)
-        truth = ground_truth(STEPS + 1, OPTIMIZERS["adam"])
+        truth = ground_truth(STEPS + 1, OPTIMIZERS["adam"], device=world.device)
         after = ri.fsdp_optim_state_dict(target, target_optimizer, group=group)
         assert_state_dict_equal(after["state"], truth.optimizer_state)
         assert_state_dict_equal(ri.fsdp_state_dict(target), truth.model)

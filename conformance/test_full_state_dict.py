@@ -40,7 +40,7 @@ def test_full_state_dicts_equal_single_process(world, name, recipe, steps):
     model = parallelism.parallelise(seeded_mlp(), world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, steps, scheduler)
-    expected = ground_truth(steps, OPTIMIZERS[recipe]).held_by(model)
+    expected = ground_truth(steps, OPTIMIZERS[recipe], device=world.device).held_by(model)
     tolerance = comparison_tolerance(parallelism)
     assert_state_dict_equal(
         dsd.get_model_state_dict(model, options=full_options()), expected.model, **tolerance

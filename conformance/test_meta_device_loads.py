@@ -77,7 +77,7 @@ def _load_full(model: nn.Module, world: Any, load: Load) -> torch.optim.Optimize
     holds, on a pipeline's stage), or rank 0 only and broadcast (``broadcast``: the whole)."""
     holds_it = load == "distribute" or world.rank == 0
     options = full_options(broadcast_from_rank0=load == "broadcast")
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device)
     if load == "distribute":
         truth = truth.held_by(model)
     dsd.set_model_state_dict(model, truth.model if holds_it else {}, options=options)

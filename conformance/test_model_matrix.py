@@ -85,7 +85,7 @@ def _trained(
 def test_model_state_equals_single_process(world, model_id, cell):
     recipe, parallelism = MODELS[model_id], PARALLELISMS[cell]
     model, optimizer = _trained(recipe, parallelism, world)
-    expected = recipe.ground_truth(TRAIN_STEPS)
+    expected = recipe.ground_truth(TRAIN_STEPS, world.device)
     tolerance = comparison_tolerance(parallelism)
     get_model = dsd.get_model_state_dict
     get_optimizer = dsd.get_optimizer_state_dict

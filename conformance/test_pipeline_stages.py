@@ -62,7 +62,7 @@ def test_each_stage_holds_its_own_layers_alone(world, cell):
     parameters = {key for key in expected if key != "running_scale"}
     assert set(full_optimizer["state"]) == parameters
     assert {n for g in full_optimizer["param_groups"] for n in g["params"]} == parameters
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE])
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device)
     full_model = dsd.get_model_state_dict(model, options=full_options())
     assert_state_dict_equal(whole_model_state(full_model), truth.model)
     every_stage = whole_optimizer_state(full_optimizer)

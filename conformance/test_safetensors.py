@@ -117,7 +117,7 @@ def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, 
     pytest.importorskip("safetensors")
     path = world.tmp_path / "hf"
     trained = _save(world, cell, layout, DTYPES[dtype], path)
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE]).model
+    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
     assert_state_dict_equal(trained, truth, **comparison_tolerance(parallelism))
     expected = _cast(trained, DTYPES[dtype])
     if layout != "sharded" and world.rank == 0:

@@ -76,7 +76,8 @@ def setup(world: Any) -> tuple[Builder, Full, tuple[str, ...]]:
 @pytest.mark.parametrize("ranks_only", [(), (0,)])
 def test_gather_matches_the_oracle_and_the_ground_truth(world, cpu_offload, ranks_only):
     gather = sdu._gather_state_dict
-    build, full, meshes = setup(world)
+    build, _, meshes = setup(world)
+    full = Full(meshes, torch.device("cpu") if cpu_offload else world.device)
 
     def check(spec: dict[str, Any]) -> None:
         options = {"cpu_offload": cpu_offload, "ranks_only": ranks_only}

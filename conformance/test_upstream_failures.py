@@ -55,7 +55,7 @@ def _wrapped(name: str, world: Any) -> torch.nn.Module:
 def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
     """pytorch#188989: rank 0 gets the full CPU state dict, the other ranks an empty one."""
     model = _wrapped(f"fsdp1_full_shard_{params}", world)
-    expected = ground_truth(steps=0).model
+    expected = ground_truth(steps=0, device=world.device).model
     actual = dsd.get_model_state_dict(
         model, options=dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -82,7 +82,7 @@ def test_broadcast_from_rank0_with_empty_dicts_on_other_ranks(world):
         optim_state_dict=given[1],
         options=dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
-    expected = ground_truth(steps=2).model
+    expected = ground_truth(steps=2, device=world.device).model
     assert_state_dict_equal(dsd.get_model_state_dict(model, options=full_options()), expected)
 
 
@@ -100,7 +100,7 @@ def test_fsdp1_hybrid_shard_with_one_rank_shard_groups_equals_single_process(wor
     )
     optimizer = adam(model)
     train(model, optimizer, steps=2)
-    expected_state = ground_truth(steps=2).optimizer_state
+    expected_state = ground_truth(steps=2, device=world.device).optimizer_state
     actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(actual["state"], expected_state)
 
@@ -125,7 +125,7 @@ def test_fsdp1_rekey_to_parameter_ids_without_orig_params(world):
     plain_optimizer.load_state_dict(rekeyed)
     names = {param: fqn for fqn, param in plain.named_parameters()}
     loaded = {names[param]: state for param, state in plain_optimizer.state.items()}
-    assert_state_dict_equal(loaded, ground_truth(steps=2).optimizer_state)
+    assert_state_dict_equal(loaded, ground_truth(steps=2, device=world.device).optimizer_state)
 
 
 @pytest.mark.world(2)
@@ -222,7 +222,7 @@ def test_fsdp1_offloaded_optimizer_state_with_orig_params_equals_single_process(
         ),
     ):
         state = fsdp.FullyShardedDataParallel.optim_state_dict(model, optimizer)["state"]
-    assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
+    assert_state_dict_equal(state, ground_truth(steps=2, device=world.device).optimizer_state)
 
 
 @pytest.mark.world(2)
@@ -242,7 +242,7 @@ def test_flat_fsdp1_optimizer_state_trains_on_over_separate_parameters(world, lo
     dsd.set_optimizer_state_dict(target, target_optimizer, optim_state, options=full_options())
     train(target, target_optimizer, steps=1, start=2)
     state = dsd.get_optimizer_state_dict(target, target_optimizer, options=full_options())["state"]
-    assert_state_dict_equal(state, ground_truth(steps=3).optimizer_state)
+    assert_state_dict_equal(state, ground_truth(steps=3, device=world.device).optimizer_state)
 
 
 @pytest.mark.world(2, 4)
@@ -264,7 +264,7 @@ def test_flattened_optimizer_load_of_flat_fsdp1_restores_the_saved_state(world, 
     train(target, target_optimizer, steps=1, start=2)
     dsd.set_optimizer_state_dict(target, target_optimizer, saved, options=flattened)
     state = dsd.get_optimizer_state_dict(target, target_optimizer, options=full_options())["state"]
-    assert_state_dict_equal(state, ground_truth(steps=2).optimizer_state)
+    assert_state_dict_equal(state, ground_truth(steps=2, device=world.device).optimizer_state)
 
 
 # ----- historic upstream failures, fixed upstream: they must stay fixed ------------------
@@ -364,7 +364,7 @@ def test_compiled_model_keys_before_and_after_set(world):
     optimizer = adam(model)
     train(model, optimizer, steps=1)
     before = dsd.get_model_state_dict(model)
-    expected_keys = list(ground_truth(steps=0).model)
+    expected_keys = list(ground_truth(steps=0, device=world.device).model)
     assert sorted(before) == sorted(expected_keys)
     dsd.set_model_state_dict(model, copy.deepcopy(before))
     assert sorted(dsd.get_model_state_dict(model)) == sorted(expected_keys)
@@ -382,7 +382,7 @@ def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(wor
     )
     optimizer = adam(model)
     train(model, optimizer, steps=2)
-    truth = ground_truth(steps=2)
+    truth = ground_truth(steps=2, device=world.device)
     expected, expected_state = truth.model, truth.optimizer_state
     assert_state_dict_equal(dsd.get_model_state_dict(model, options=full_options()), expected)
     actual = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
@@ -430,7 +430,7 @@ def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
             "tensors (run with --backend nccl, or the accelerator's own)"
         )
     model = seeded_mlp()  # stays on the CPU; the group only moves CUDA tensors
-    expected = ground_truth(steps=0).model
+    expected = ground_truth(steps=0, device=world.device).model
     zeros = {k: torch.zeros_like(v) for k, v in expected.items()}
     model.load_state_dict(zeros)
     options = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

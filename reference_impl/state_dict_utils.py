@@ -362,7 +362,7 @@ def create_cpu_state_dict(
         # only to drop it, and fails where the local tensor is a view at an offset.
         if value.dim() == 0:
             return value
-        return _dtensor_like(value, _cpu_like(value.to_local(), pin_memory, share_memory))
+        return _dtensor_holding(value, _cpu_like(value.to_local(), pin_memory, share_memory))
 
     def sharded(value: ShardedTensor, pg: Any, device: Any, _: Any) -> ShardedTensor:
         if not value.local_shards():
@@ -419,6 +419,16 @@ def _dtensor_like(like: DTensor, local: torch.Tensor) -> DTensor:
         shape=like.shape,
         stride=like.stride(),
     )
+
+
+def _dtensor_holding(like: DTensor, local: torch.Tensor) -> DTensor:
+    """``_dtensor_like`` with ``local`` left on its own device: ``DTensor.from_local`` moves a
+    CPU tensor to an accelerator mesh's device, while ``_create_cpu_state_dict`` promises CPU
+    memory under the same mesh. Built around a meta stand-in (which ``from_local`` never
+    moves), then given ``local``."""
+    shell = _dtensor_like(like, torch.empty_like(local, device="meta"))
+    shell._local_tensor = local
+    return shell
 
 
 def _fresh_on(piece: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -83,6 +83,11 @@ def batch(step: int) -> torch.Tensor:
     return torch.randn(8, 7, generator=generator)
 
 
+def computed_on(model: nn.Module) -> torch.device:
+    """The device ``model`` computes on: its parameters' (a sharded parameter's local part's)."""
+    return next(model.parameters()).device
+
+
 def train(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -95,7 +100,7 @@ def train(
     """``steps`` training steps on ``inputs(start), inputs(start + 1), ...``: resuming after
     a load at ``start`` trains on what an uninterrupted run would. Inputs go to the device of
     the model's parameters (a CUDA device under NCCL)."""
-    device = next(model.parameters()).device
+    device = computed_on(model)
     for step in range(start, start + steps):
         optimizer.zero_grad()
         model(inputs(step).to(device)).pow(2).mean().backward()
@@ -181,11 +186,18 @@ def ground_truth(
     steps: int,
     recipe: Any = None,
     *,
+    device: torch.device | str,
     build: Callable[[], nn.Module] = seeded_mlp,
     inputs: Callable[[int], torch.Tensor] = batch,
 ) -> GroundTruth:
-    """Train ``build()`` alone with ``recipe`` (default: Adam, lr 0.01) for ``steps``."""
-    model = build()
+    """Train ``build()`` alone with ``recipe`` (default: Adam, lr 0.01) for ``steps`` on
+    ``device``; the state comes back on the CPU.
+
+    ``device`` is the world's: kernels of different device types round differently (on an
+    H200, Adam's update of ``fc1.weight`` differs from the CPU's by an ulp within two steps),
+    so a cell equals one process bit for bit only when both compute on the same kind of
+    device."""
+    model = build().to(device)
     if recipe is None:
         optimizer: torch.optim.Optimizer = adam(model)
         scheduler = None
@@ -194,9 +206,17 @@ def ground_truth(
     train(model, optimizer, steps, scheduler, inputs=inputs)
     names = {param: name for name, param in model.named_parameters()}
     return GroundTruth(
-        model=model.state_dict(),
-        optimizer_state={names[p]: dict(values) for p, values in optimizer.state.items()},
+        model={key: _on_cpu(value) for key, value in model.state_dict().items()},
+        optimizer_state={
+            names[p]: {key: _on_cpu(value) for key, value in values.items()}
+            for p, values in optimizer.state.items()
+        },
         param_groups=[
             {**g, "params": [names[p] for p in g["params"]]} for g in optimizer.param_groups
         ],
     )
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` moved to the CPU if it is a tensor (extra state, for one, need not be)."""
+    return value.cpu() if isinstance(value, torch.Tensor) else value

@@ -118,9 +118,10 @@ class ModelRecipe:
         """``steps`` steps on this model's inputs."""
         train(model, optimizer, steps, inputs=self.inputs)
 
-    def ground_truth(self, steps: int) -> GroundTruth:
-        """The single-process model and Adam after ``steps``: what every cell must equal."""
-        return ground_truth(steps, build=self.build, inputs=self.inputs)
+    def ground_truth(self, steps: int, device: torch.device) -> GroundTruth:
+        """The single-process model and Adam after ``steps`` on ``device``: what every cell
+        must equal."""
+        return ground_truth(steps, device=device, build=self.build, inputs=self.inputs)
 
 
 def _catalogue() -> dict[str, ModelRecipe]:
