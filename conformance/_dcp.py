@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from conformance._pipeline import is_stage
+from conformance._held import holds_a_part
 from conformance._upstream import dcp, dsd, with_parameters
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -28,11 +28,12 @@ def training_state(
     shapes DCP saves and loads into) and the scheduler's state.
 
     The optimizer state is nested, or flattened (``flatten_optimizer_state_dict``) where
-    ``flatten`` says so, by default where the model is a pipeline stage: upstream's form for
-    MPMD. Nested, each stage's param groups would be saved under the same keys with other
-    parameter names, and DCP keeps one stage's (a resumed stage then finds no group for its
-    parameters). A checkpoint is read in the form it was written in."""
-    flat = is_stage(model) if flatten is None else flatten
+    ``flatten`` says so, by default where the rank holds a part of the model (a pipeline
+    stage, its experts): upstream's form for MPMD. Nested, each part's param groups would be
+    saved under the same keys with other parameter names, and DCP keeps one part's (a resumed
+    part then finds no group for its parameters). A checkpoint is read in the form it was
+    written in."""
+    flat = holds_a_part(model) if flatten is None else flatten
     options = dsd.StateDictOptions(flatten_optimizer_state_dict=True) if flat else None
     model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}

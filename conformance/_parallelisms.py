@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from torch import nn
 
+from conformance._experts import split_experts
 from conformance._pipeline import split_into_stages
 from conformance._subworld import SubWorld
 from conformance._upstream import (
@@ -28,6 +29,7 @@ from conformance._upstream import (
 )
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
+DEFAULT_MODEL = "mlp"  # the zoo's model (conformance/models/zoo.py) that every cell trains
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,12 @@ class Parallelism:
     nested: bool = False  # the model's units are wrapped on their own, inside the root
     fsdp1_mesh: bool = False  # FSDP1 given a device mesh, which refuses LOCAL_STATE_DICT
     fsdp2: bool = False  # built with fully_shard, which some releases cannot run on CPU
-    pipeline: bool = False  # each rank holds one stage's layers (conformance/_pipeline.py)
+    # Each rank holds a part of the model alone at more than one rank: a pipeline stage's
+    # layers, its experts (conformance/_held.py).
+    partial: bool = False
+    model_id: str = (
+        DEFAULT_MODEL  # the zoo's model the cell trains (DEFAULT_MODEL, or one it needs)
+    )
     # The oracle models the cell's state dicts; tests that compare with the oracle (their
     # names say so) skip a cell it does not, naming it (conformance/conftest.py).
     oracle_models: bool = True
@@ -101,12 +108,12 @@ def exists_at_size(param: str = "name") -> Applies:
 
 def whole_model_at_size(param: str = "name") -> Applies:
     """``applies`` for the world marker: the cell runs at the world size and every rank holds
-    the whole model there (a pipeline is whole at one rank only): for checks of a submodule
-    every rank must have."""
+    the whole model there (a partial cell is whole at one rank only): for checks of a
+    submodule every rank must have."""
 
     def applies(size: int, **params: Any) -> bool:
         cell = PARALLELISMS[params[param]]
-        return cell.supports(size) and not (cell.pipeline and size > 1)
+        return cell.supports(size) and not (cell.partial and size > 1)
 
     return applies
 
@@ -138,9 +145,9 @@ def first_size_and_four(param: str = "name") -> Applies:
 
 def flattened_between(*names: str) -> bool | None:
     """The optimizer state's form for a checkpoint that passes between the cells ``names``
-    (``conformance._dcp.training_state``): flattened where one is a pipeline, so that both
-    sides read and write the form stages need; else each model's own (None)."""
-    return True if any(PARALLELISMS[n].pipeline for n in names if n in PARALLELISMS) else None
+    (``conformance._dcp.training_state``): flattened where one is partial (a pipeline, experts),
+    so that both sides read and write the form parts need; else each model's own (None)."""
+    return True if any(PARALLELISMS[n].partial for n in names if n in PARALLELISMS) else None
 
 
 TP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
@@ -247,7 +254,8 @@ def _catalogue() -> dict[str, Parallelism]:
     cells = [
         Parallelism("ddp", _ddp, (1, 2, 4)),
         Parallelism("replicate", _replicate, (1, 2, 4)),
-        Parallelism("pp", split_into_stages, (1, 2, 4), pipeline=True),
+        Parallelism("pp", split_into_stages, (1, 2, 4), partial=True),
+        Parallelism("ep", split_experts, (1, 2, 4), fsdp2=True, partial=True, model_id="moe"),
         Parallelism("fsdp2", _fsdp2(reshard_after_forward=True), (1, 2, 4), fsdp2=True),
         Parallelism(
             "fsdp2_keep_unsharded", _fsdp2(reshard_after_forward=False), (2, 4), fsdp2=True

@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conformance._held import HELD
 from conformance._upstream import composable
 
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _MAX_DIMS = 6
-HELD = "_pipeline_stage_holds"  # the names a stage holds, set on its model
 
 
 @dataclass(frozen=True)
@@ -153,61 +153,3 @@ def split_into_stages(model: nn.Module, world: Any) -> nn.Module:
     ranks = tuple(dist.get_process_group_ranks(stages.get_group()))
     model.forward = _pipelined_forward(model, _Link(stage, ranks))  # type: ignore[method-assign]
     return model
-
-
-def is_stage(model: nn.Module) -> bool:
-    """Whether ``model`` is one stage of a pipeline of several."""
-    return getattr(model, HELD, None) is not None
-
-
-def holds(model: nn.Module) -> Callable[[str], bool]:
-    """Whether ``model`` (a stage, or any other model: all) holds the state of a key path."""
-    held: tuple[str, ...] | None = getattr(model, HELD, None)
-    if held is None:
-        return lambda _: True
-    return lambda key: any(key == name or key.startswith(f"{name}.") for name in held)
-
-
-def held_part(tree: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """The entries of a dict keyed by key path that ``model`` holds (``holds``)."""
-    held = holds(model)
-    return {key: value for key, value in tree.items() if held(key)}
-
-
-def _every_rank(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, value, group=group)
-    return gathered
-
-
-def _union(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            merged.setdefault(key, value)
-    return merged
-
-
-def whole_model_state(
-    state: dict[str, Any], group: dist.ProcessGroup | None = None
-) -> dict[str, Any]:
-    """The union of the full model state dicts of every rank of ``group``: the whole model's
-    where each rank holds a pipeline stage, ``state`` itself where every rank holds the whole
-    model. Collective."""
-    return _union(_every_rank(state, group))
-
-
-def whole_optimizer_state(
-    state: dict[str, Any], group: dist.ProcessGroup | None = None
-) -> dict[str, Any]:
-    """The union of the full (nested) optimizer state dicts of every rank of ``group``
-    (``whole_model_state``): the state of every parameter, and each param group with the
-    names every stage gives it. Collective."""
-    parts = _every_rank(state, group)
-    groups = []
-    for index, group_state in enumerate(state["param_groups"]):
-        names: list[str] = []
-        for part in parts:
-            names += [n for n in part["param_groups"][index]["params"] if n not in names]
-        groups.append({**group_state, "params": names})
-    return {"state": _union([part["state"] for part in parts]), "param_groups": groups}

@@ -10,22 +10,38 @@ import torch
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, load_options_for
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, comparison_tolerance, flattened_between
+from conformance._parallelisms import (
+    DEFAULT_MODEL,
+    PARALLELISMS,
+    comparison_tolerance,
+    flattened_between,
+)
 from conformance._subworld import SubWorld
 from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
 from conformance._upstream import dsd, full_options
-from conformance.models.common import computed_on, ground_truth, seeded_mlp
+from conformance.models.common import computed_on, ground_truth
 from conformance.models.zoo import MODELS
 
 MORE_STEPS = 2  # steps trained after a load
 
 
-def training_in(name: str, world: Any, recipe: str) -> Training:
-    """Fresh objects in the cell ``name``, or on one process alone (``single``)."""
+def training_in(name: str, world: Any, recipe: str, model_id: str) -> Training:
+    """Fresh objects of the zoo's ``model_id`` in the cell ``name``, or on one process alone
+    (``single``)."""
     if name == "single":
-        model = seeded_mlp().to(world.device)
+        model = MODELS[model_id].build().to(world.device)
         return (model, *OPTIMIZERS[recipe].build(model))
-    return fresh_training(PARALLELISMS[name], world, recipe)
+    return fresh_training(PARALLELISMS[name], world, recipe, model_id)
+
+
+def model_between(*names: str) -> str:
+    """The zoo's model a checkpoint that passes between the cells ``names`` (and ``single``)
+    holds: the model a cell needs (``ep``'s mixture), else the matrix's MLP, which any cell
+    trains."""
+    needed = {PARALLELISMS[n].model_id for n in names if n in PARALLELISMS} - {DEFAULT_MODEL}
+    if len(needed) > 1:
+        raise ValueError(f"cells {names} need different models: {sorted(needed)}")
+    return needed.pop() if needed else DEFAULT_MODEL
 
 
 def resume(
@@ -50,11 +66,17 @@ def resume(
 
 
 def assert_full_state_is_single_process(
-    training: Training, steps: int, recipe: str, *, full_load: bool = False, **tolerance: float
+    training: Training,
+    steps: int,
+    recipe: str,
+    *,
+    model_id: str,
+    full_load: bool = False,
+    **tolerance: float,
 ) -> None:
-    """The full model, optimizer state and hyper-parameters of ``training`` equal one
-    process's after ``steps`` steps of ``recipe``, or their part a pipeline stage holds
-    (``full_load``: see ``assert_state_is_single_process``)."""
+    """The full model, optimizer state and hyper-parameters of ``training`` (of the zoo's
+    ``model_id``) equal one process's after ``steps`` steps of ``recipe``, or their part the
+    rank holds (``full_load``: see ``assert_state_is_single_process``)."""
     model, optimizer, _ = training
     model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
     assert_state_is_single_process(
@@ -63,6 +85,7 @@ def assert_full_state_is_single_process(
         steps,
         recipe,
         device=computed_on(model),
+        model_id=model_id,
         full_load=full_load,
         held_by=model,
         **tolerance,
@@ -76,19 +99,23 @@ def assert_state_is_single_process(
     recipe: str,
     *,
     device: torch.device,
+    model_id: str,
     full_load: bool = False,
     held_by: Any = None,
     **tolerance: float,
 ) -> None:
     """A full model state dict and FQN-keyed optimizer state dict, nested or flattened, equal
-    one process's on ``device`` after ``steps`` steps of ``recipe`` (the part the model
-    ``held_by`` holds, where given).
+    one process's on ``device`` after ``steps`` steps of ``recipe`` of the zoo's ``model_id``
+    (the part the model ``held_by`` holds, where given).
 
     ``full_load``: the optimizer state went through a full load or a checkpoint, which upstream
     flattens and rebuilds, every sequence as a list: a tuple hyper-parameter such as Adam's
     ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
     both sides' sequences are compared as lists."""
-    expected = ground_truth(steps, OPTIMIZERS[recipe], device=device)
+    model = MODELS[model_id]
+    expected = ground_truth(
+        steps, OPTIMIZERS[recipe], device=device, build=model.build, inputs=model.inputs
+    )
     if held_by is not None:
         expected = expected.held_by(held_by)
     assert_state_dict_equal(model_state, expected.model, **tolerance)
@@ -112,6 +139,7 @@ def resume_on_the_first_ranks(
     (within the tolerances of the two cells); every rank of the world calls it, and the
     others wait."""
     resumed_by = cells[1]
+    model_id = model_between(*cells)
     compared = [PARALLELISMS[name] for name in cells if name in PARALLELISMS]
     resumers: Any = world
     load: dict[str, Any] = {}
@@ -122,10 +150,14 @@ def resume_on_the_first_ranks(
             world.barrier()
             return
     try:
-        training = training_in(resumed_by, resumers, recipe)
-        resume(training, path, saved_after, flatten=flattened_between(*cells), **load)
+        training = training_in(resumed_by, resumers, recipe, model_id)
+        resume(training, path, saved_after, model_id, flatten=flattened_between(*cells), **load)
         assert_full_state_is_single_process(
-            training, saved_after + MORE_STEPS, recipe, **comparison_tolerance(*compared)
+            training,
+            saved_after + MORE_STEPS,
+            recipe,
+            model_id=model_id,
+            **comparison_tolerance(*compared),
         )
     finally:
         world.barrier()

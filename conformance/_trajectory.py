@@ -186,10 +186,12 @@ def train_observed(
     return taken
 
 
-def fresh_training(cell: Parallelism, world: Any, recipe: str, model_id: str = "mlp") -> Training:
-    """The zoo's ``model_id`` fresh from its seed, wrapped by ``cell``, with ``recipe``'s
-    optimizer and scheduler."""
-    model = MODELS[model_id].make(cell, world)
+def fresh_training(
+    cell: Parallelism, world: Any, recipe: str, model_id: str | None = None
+) -> Training:
+    """The zoo's ``model_id`` (by default the cell's own) fresh from its seed, wrapped by
+    ``cell``, with ``recipe``'s optimizer and scheduler."""
+    model = MODELS[model_id or cell.model_id].make(cell, world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     return model, optimizer, scheduler
 
@@ -211,9 +213,11 @@ _PLAIN: dict[tuple[str, int, str, str, int], list[Snapshot]] = {}
 
 
 def plain_trajectory(
-    cell: Parallelism, world: Any, recipe: str, steps: int, model_id: str = "mlp"
+    cell: Parallelism, world: Any, recipe: str, steps: int, model_id: str | None = None
 ) -> list[Snapshot]:
-    """This rank's snapshots of ``steps`` steps of fresh training, nothing else done."""
+    """This rank's snapshots of ``steps`` steps of fresh training of the zoo's ``model_id``
+    (by default the cell's own), nothing else done."""
+    model_id = model_id or cell.model_id
     key = (cell.name, world.size, recipe, model_id, steps)
     if key not in _PLAIN:
         model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)

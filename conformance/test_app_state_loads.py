@@ -17,9 +17,10 @@ Each cell trains ``SAVED_AFTER`` steps and saves; fresh objects of the same cell
   checkpoint's keys are those of the form it was saved in), and given to
   ``set_optimizer_state_dict`` with the options of the other form: either form loads.
 
-A pipeline stage saves its optimizer state flattened, the form upstream gives for MPMD
-(``conformance/_dcp.py``): its app state and patched methods use it, and the two ways that
-cross forms do not apply to stages (not collected at the sizes where ``pp`` has stages).
+A rank that holds a part of the model (a pipeline stage, its experts) saves its optimizer
+state flattened, the form upstream gives for MPMD (``conformance/_dcp.py``): its app state and
+patched methods use it, and the two ways that cross forms do not apply to parts (not
+collected at the sizes where ``pp`` and ``ep`` split the model).
 
 Loads of part of a checkpoint:
 
@@ -53,13 +54,19 @@ from torch import nn
 
 from conformance._compare import assert_state_dict_equal, local_copy
 from conformance._dcp import save_checkpoint
+from conformance._held import holds_a_part
 from conformance._optimizers import OPTIMIZERS
-from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
-from conformance._pipeline import is_stage
+from conformance._parallelisms import (
+    PARALLELISMS,
+    Parallelism,
+    comparison_tolerance,
+    exists_at_size,
+)
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
 from conformance._trajectory import Training, fresh_training, trained
 from conformance._upstream import dcp, dsd, full_options
-from conformance.models.common import ground_truth, train
+from conformance.models.common import train
+from conformance.models.zoo import truth_of
 
 Way = Literal["app_state", "patched", "flattened_then_nested", "nested_then_flattened"]
 WAYS: tuple[Way, ...] = ("app_state", "patched", "flattened_then_nested", "nested_then_flattened")
@@ -76,7 +83,7 @@ class AppState:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.options = _flattened(is_stage(model))
+        self.options = _flattened(holds_a_part(model))
 
     def state_dict(self) -> dict[str, Any]:
         model_state, optim_state = dsd.get_state_dict(
@@ -100,7 +107,7 @@ def _flattened(flattened: bool) -> Any:
 
 def _patch(training: Training) -> None:
     model, optimizer, _ = training
-    options = _flattened(is_stage(model))
+    options = _flattened(holds_a_part(model))
     dsd._patch_model_state_dict(model, options=options)
     dsd._patch_optimizer_state_dict(model, optimizers=(optimizer,), options=options)
 
@@ -109,10 +116,10 @@ CROSSING: tuple[Way, ...] = ("flattened_then_nested", "nested_then_flattened")
 
 
 def _way_applies(size: int, cell: str, way: Way) -> bool:
-    """The cell exists at ``size``, and a way that crosses forms is not asked of a pipeline's
-    stages (they save flattened state only)."""
+    """The cell exists at ``size``, and a way that crosses forms is not asked of a model's
+    parts (they save flattened state only)."""
     parallelism = PARALLELISMS[cell]
-    staged = parallelism.pipeline and size > 1
+    staged = parallelism.partial and size > 1
     return parallelism.supports(size) and not (staged and way in CROSSING)
 
 
@@ -162,7 +169,11 @@ def test_each_documented_way_resumes_as_one_process(world, cell, way):
     _put_back(way, resuming, template)
     train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
     assert_full_state_is_single_process(
-        resuming, SAVED_AFTER + MORE_STEPS, RECIPE, **comparison_tolerance(parallelism)
+        resuming,
+        SAVED_AFTER + MORE_STEPS,
+        RECIPE,
+        model_id=parallelism.model_id,
+        **comparison_tolerance(parallelism),
     )
 
 
@@ -189,11 +200,11 @@ def _full_state(training: Training) -> dict[str, Any]:
 
 
 def _saved_where(
-    loaded: Callable[[str], bool], before: dict[str, Any], device: torch.device
+    loaded: Callable[[str], bool], before: dict[str, Any], cell: Parallelism, device: torch.device
 ) -> dict[str, Any]:
-    """The full model state ``before`` a load, with the saved (single-process, on ``device``)
-    values of the keys the load ``loaded``."""
-    saved = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=device).model
+    """The full model state ``before`` a load, with the saved (single-process, of ``cell``'s
+    model on ``device``) values of the keys the load ``loaded``."""
+    saved = truth_of(cell, SAVED_AFTER, OPTIMIZERS[RECIPE], device).model
     return {key: saved[key] if loaded(key) else value for key, value in before.items()}
 
 
@@ -214,7 +225,9 @@ def test_a_load_of_some_keys_loads_those_and_leaves_the_rest(world, cell, keys):
     options = dsd.StateDictOptions(strict=False)
     dsd.set_model_state_dict(training[0], model_state, options=options)
     after = _full_state(training)
-    expected = _saved_where(lambda key: key.startswith(prefix), before["model"], world.device)
+    expected = _saved_where(
+        lambda key: key.startswith(prefix), before["model"], parallelism, world.device
+    )
     assert_state_dict_equal(after["model"], expected, **tolerance)
     assert_state_dict_equal(after["optim"], before["optim"], **tolerance)
 
@@ -242,7 +255,7 @@ def test_a_partial_load_fills_what_the_checkpoint_has(world, cell):
     assert_state_dict_equal(local_copy(template["optim"]), optimizer_before, **tolerance)
     dsd.set_model_state_dict(training[0], template["model"])
     expected = _saved_where(
-        lambda key: not key.startswith(NEW_LAYER), before["model"], world.device
+        lambda key: not key.startswith(NEW_LAYER), before["model"], PARALLELISMS[cell], world.device
     )
     assert_state_dict_equal(_full_state(training)["model"], expected, **tolerance)
 

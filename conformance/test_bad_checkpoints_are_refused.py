@@ -39,9 +39,9 @@ import torch
 
 from conformance._compare import assert_state_dict_equal, local_copy
 from conformance._dcp import training_state
+from conformance._held import held_part
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size
-from conformance._pipeline import held_part
 from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dcp_formats, dsd, full_options
 from conformance.models.common import ground_truth

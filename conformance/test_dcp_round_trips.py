@@ -25,12 +25,12 @@ from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists
 from conformance._subworld import SubWorld
 from conformance._upstream import dsd, full_options
 from conformance.models.common import seeded_mlp, train
+from conformance.models.zoo import model_of
 
 
 def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = seeded_mlp()
-    if name != "single":
-        model = PARALLELISMS[name].parallelise(model, world)
+    """The MLP on one process (``single``), or the model of the cell ``name``, wrapped."""
+    model = seeded_mlp() if name == "single" else model_of(PARALLELISMS[name], world)
     return model, adam(model)
 
 

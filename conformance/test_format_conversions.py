@@ -31,14 +31,15 @@ import torch
 
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import save_checkpoint
+from conformance._held import held_part
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import (
     PARALLELISMS,
+    Parallelism,
     comparison_tolerance,
     exists_at_size,
     flattened_between,
 )
-from conformance._pipeline import held_part
 from conformance._resume import (
     MORE_STEPS,
     assert_full_state_is_single_process,
@@ -47,18 +48,20 @@ from conformance._resume import (
 )
 from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dcp_formats, dsd, full_options
-from conformance.models.common import ground_truth
+from conformance.models.zoo import truth_of
 
 RECIPE = "adam"
 SAVED_AFTER = 2
 CELLS = sorted(PARALLELISMS)
 
 
-def _single_process_state(device: torch.device, flattened: bool | None = None) -> dict[str, Any]:
-    """What a single-process training loop on ``device`` would ``torch.save`` after
-    ``SAVED_AFTER`` steps: its model state and its optimizer state keyed by parameter names,
-    nested or (``flattened``, for a pipeline's stages to read) flattened."""
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=device)
+def _single_process_state(
+    cell: Parallelism, device: torch.device, flattened: bool | None = None
+) -> dict[str, Any]:
+    """What a single-process training loop of ``cell``'s model on ``device`` would
+    ``torch.save`` after ``SAVED_AFTER`` steps: its model state and its optimizer state keyed
+    by parameter names, nested or (``flattened``, for a model's parts to read) flattened."""
+    truth = truth_of(cell, SAVED_AFTER, OPTIMIZERS[RECIPE], device)
     optim = truth.flattened_optimizer_state_dict if flattened else truth.optimizer_state_dict
     return {"model": truth.model, "optim": optim}
 
@@ -82,6 +85,7 @@ def test_dcp_to_torch_save_gives_the_full_training_state(world, cell):
             SAVED_AFTER,
             RECIPE,
             device=world.device,
+            model_id=parallelism.model_id,
             full_load=True,
             **comparison_tolerance(parallelism),
         )
@@ -104,13 +108,16 @@ def test_torch_save_to_dcp_resumes_every_cell_as_one_process(world, cell):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
     flatten = flattened_between(cell)
-    path = _single_process_checkpoint(world, _single_process_state(world.device, flatten))
+    path = _single_process_checkpoint(
+        world, _single_process_state(parallelism, world.device, flatten)
+    )
     training = fresh_training(parallelism, world, RECIPE)
     resume(training, path, SAVED_AFTER, flatten=flatten)
     assert_full_state_is_single_process(
         training,
         SAVED_AFTER + MORE_STEPS,
         RECIPE,
+        model_id=parallelism.model_id,
         full_load=True,
         **comparison_tolerance(parallelism),
     )
@@ -121,7 +128,7 @@ def test_torch_save_to_dcp_resumes_every_cell_as_one_process(world, cell):
 def test_a_torch_save_file_on_rank_0_broadcasts_into_every_cell(world, cell):
     parallelism = PARALLELISMS[cell]
     parallelism.skip_unless_runnable(world.device)
-    expected = _single_process_state(world.device)["model"]
+    expected = _single_process_state(parallelism, world.device)["model"]
     path = world.tmp_path / "model.pt"
     if world.rank == 0:
         torch.save(expected, path)

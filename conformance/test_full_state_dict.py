@@ -19,7 +19,8 @@ from conformance._compare import assert_state_dict_equal
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._upstream import dsd, full_options
-from conformance.models.common import ground_truth, seeded_mlp, train
+from conformance.models.common import train
+from conformance.models.zoo import model_of, truth_of
 
 
 def _cells() -> list[tuple[str, str]]:
@@ -37,10 +38,10 @@ def _cells() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("steps", [0, 2])
 def test_full_state_dicts_equal_single_process(world, name, recipe, steps):
     parallelism = PARALLELISMS[name]
-    model = parallelism.parallelise(seeded_mlp(), world)
+    model = model_of(parallelism, world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, steps, scheduler)
-    expected = ground_truth(steps, OPTIMIZERS[recipe], device=world.device).held_by(model)
+    expected = truth_of(parallelism, steps, OPTIMIZERS[recipe], world.device).held_by(model)
     tolerance = comparison_tolerance(parallelism)
     assert_state_dict_equal(
         dsd.get_model_state_dict(model, options=full_options()), expected.model, **tolerance

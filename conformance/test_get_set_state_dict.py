@@ -36,6 +36,7 @@ import torch
 
 import reference_impl as ri
 from conformance._compare import assert_state_dict_equal, assert_trees_identical
+from conformance._held import held_part, whole_model_state, whole_optimizer_state
 from conformance._optimizers import OPTIMIZERS, adam
 from conformance._parallelisms import (
     PARALLELISMS,
@@ -44,9 +45,9 @@ from conformance._parallelisms import (
     first_size_only,
     whole_model_at_size,
 )
-from conformance._pipeline import held_part, whole_model_state, whole_optimizer_state
 from conformance._upstream import ddp, dsd, quiet_deprecations
-from conformance.models.common import seeded_mlp, train, unwrapped_name
+from conformance.models.common import train, unwrapped_name
+from conformance.models.zoo import model_of
 
 OPTION_SETS: dict[str, dict[str, bool]] = {
     "sharded": {},
@@ -61,7 +62,7 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
 def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
     parallelism.require(world.size)
-    model = parallelism.parallelise(seeded_mlp(), world)
+    model = model_of(parallelism, world)
     optimizer = adam(model)
     train(model, optimizer, steps=2)
     return model, optimizer
@@ -115,7 +116,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     """
     parallelism = PARALLELISMS[name]
     OPTIMIZERS[recipe].skip_unless_applies(parallelism)
-    model = parallelism.parallelise(seeded_mlp(), world)
+    model = model_of(parallelism, world)
     optimizer, scheduler = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, 2, scheduler)
     model.zero_grad(set_to_none=True)  # fresh optimizers below create their state by a step
@@ -147,7 +148,7 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
         (dsd.set_state_dict, theirs),
         (ri.set_state_dict, ours),
     ):
-        model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
+        model = model_of(PARALLELISMS[name], world)
         optimizer = adam(model)
         keys = loader(  # copies: torch's loader rewrites the dicts it is given
             model,
@@ -233,7 +234,7 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
         (upstream_loaders, theirs),
         (oracle_loaders, ours),
     ):
-        model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
+        model = model_of(PARALLELISMS[name], world)
         optimizer = adam(model)
         rank0 = world.rank == 0
         load_model(model, copy.deepcopy(model_state) if rank0 else {}, options=options)

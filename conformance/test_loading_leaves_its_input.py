@@ -42,12 +42,13 @@ from conformance._fsdp1 import (
     torch_model_state_dict,
     under_optim_settings,
 )
+from conformance._held import whole_model_state, whole_optimizer_state
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
-from conformance._pipeline import whole_model_state, whole_optimizer_state
 from conformance._trajectory import differences, snapshot, tree_leaves
 from conformance._upstream import dsd, fsdp, quiet_deprecations
-from conformance.models.common import seeded_mlp, train
+from conformance.models.common import train
+from conformance.models.zoo import model_of
 
 Model = torch.nn.Module
 Optimizer = torch.optim.Optimizer
@@ -278,7 +279,7 @@ def _broken(load: Load, model: Model, optimizer: Optimizer, rank: int, step: int
 @pytest.mark.parametrize("cell", sorted(PARALLELISMS))
 def test_loading_leaves_its_input_and_loading_twice_is_loading_once(world, cell, family):
     parallelism = PARALLELISMS[cell]
-    model = parallelism.parallelise(seeded_mlp(), world)
+    model = model_of(parallelism, world)
     optimizer = adam(model)
     train(model, optimizer, steps=2)
     broken = []

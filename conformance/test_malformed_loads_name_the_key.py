@@ -41,11 +41,12 @@ import torch
 import torch.distributed as dist
 
 import reference_impl as ri
+from conformance._held import holds
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, Parallelism, first_size_and_four
-from conformance._pipeline import holds
 from conformance._upstream import dsd, quiet_deprecations
-from conformance.models.common import seeded_mlp, train
+from conformance.models.common import train
+from conformance.models.zoo import model_of
 
 PARAM = "fc1.weight"
 UNKNOWN = "fc3.weight"
@@ -147,7 +148,7 @@ def _applies(size: int, **params: Any) -> bool:
 
 
 def _trained(cell: Parallelism, world: Any, steps: int) -> tuple[Any, Any]:
-    model = cell.parallelise(seeded_mlp(), world)
+    model = model_of(cell, world)
     optimizer = adam(model)
     train(model, optimizer, steps=steps)
     return model, optimizer

@@ -52,7 +52,8 @@ from conformance._parallelisms import (
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
 from conformance._trajectory import trained
 from conformance._upstream import dsd, full_options
-from conformance.models.common import ground_truth, seeded_mlp, train
+from conformance.models.common import train
+from conformance.models.zoo import MODELS, truth_of
 
 Load = Literal["broadcast", "distribute", "to_empty"]
 LOADS: tuple[Load, ...] = ("broadcast", "distribute", "to_empty")
@@ -67,17 +68,19 @@ META_CELLS = tuple(sorted(name for name in PARALLELISMS if name != "ddp"))
 def _built_on_meta(cell: Parallelism, world: Any) -> nn.Module:
     """The matrix's model made on meta and wrapped by ``cell`` there (no device move)."""
     with torch.device("meta"):
-        model = seeded_mlp()
+        model = MODELS[cell.model_id].build()
     return cell.wrap(model, world)
 
 
-def _load_full(model: nn.Module, world: Any, load: Load) -> torch.optim.Optimizer:
+def _load_full(
+    model: nn.Module, cell: Parallelism, world: Any, load: Load
+) -> torch.optim.Optimizer:
     """The single-process state after ``SAVED_AFTER`` steps into ``model``, then into an
     optimizer built on the loaded parameters: every rank given it (``distribute``: the part it
     holds, on a pipeline's stage), or rank 0 only and broadcast (``broadcast``: the whole)."""
     holds_it = load == "distribute" or world.rank == 0
     options = full_options(broadcast_from_rank0=load == "broadcast")
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device)
+    truth = truth_of(cell, SAVED_AFTER, OPTIMIZERS[RECIPE], world.device)
     if load == "distribute":
         truth = truth.held_by(model)
     dsd.set_model_state_dict(model, truth.model if holds_it else {}, options=options)
@@ -121,8 +124,8 @@ def test_a_model_built_on_meta_loads_and_trains_as_one_process(world, cell, load
     if load == "to_empty":
         optimizer = _load_checkpoint_after_to_empty(model, world, path)
     else:
-        optimizer = _load_full(model, world, load)
-    compared: dict[str, Any] = {"full_load": load != "to_empty"}
+        optimizer = _load_full(model, parallelism, world, load)
+    compared: dict[str, Any] = {"full_load": load != "to_empty", "model_id": parallelism.model_id}
     compared.update(comparison_tolerance(parallelism))
     assert_full_state_is_single_process((model, optimizer, None), SAVED_AFTER, RECIPE, **compared)
     train(model, optimizer, MORE_STEPS, start=SAVED_AFTER)

@@ -25,9 +25,9 @@ import pytest
 
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import save_checkpoint
+from conformance._held import HELD, whole_model_state, whole_optimizer_state
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, first_size_and_four
-from conformance._pipeline import HELD, whole_model_state, whole_optimizer_state
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process, resume
 from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dsd, full_options
@@ -78,4 +78,6 @@ def test_a_pipeline_checkpoint_of_nested_optimizer_state_resumes(world, cell):
     save_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=False)
     training = fresh_training(parallelism, world, RECIPE)
     resume(training, path, SAVED_AFTER, flatten=False)
-    assert_full_state_is_single_process(training, SAVED_AFTER + MORE_STEPS, RECIPE)
+    assert_full_state_is_single_process(
+        training, SAVED_AFTER + MORE_STEPS, RECIPE, model_id=parallelism.model_id
+    )

@@ -29,12 +29,13 @@ import pytest
 from conformance._dcp import save_checkpoint
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import (
+    DEFAULT_MODEL,
     PARALLELISMS,
     Parallelism,
     first_size_and_four,
     flattened_between,
 )
-from conformance._resume import MORE_STEPS, resume, resume_on_the_first_ranks
+from conformance._resume import MORE_STEPS, model_between, resume, resume_on_the_first_ranks
 from conformance._trajectory import (
     first_parting,
     fresh_training,
@@ -61,11 +62,12 @@ def _checkpoint_after(
     cell: Parallelism,
     world: Any,
     recipe: str,
-    model_id: str = "mlp",
+    model_id: str,
     flatten: bool | None = None,
 ) -> str:
-    """Where fresh training in ``cell`` saved its checkpoint after ``steps`` steps
-    (``flatten``: the optimizer state's form, see ``conformance._dcp.training_state``)."""
+    """Where fresh training of the zoo's ``model_id`` in ``cell`` saved its checkpoint after
+    ``steps`` steps (``flatten``: the optimizer state's form, see
+    ``conformance._dcp.training_state``)."""
     model, optimizer, scheduler = fresh_training(cell, world, recipe, model_id)
     train_observed(model, optimizer, scheduler, steps, unobserved, MODELS[model_id].inputs)
     path = str(world.tmp_path / "checkpoint")
@@ -74,9 +76,12 @@ def _checkpoint_after(
 
 
 def _assert_resumes_as_never_stopped(
-    world: Any, cell_name: str, recipe: str, saved: str, model_id: str = "mlp"
+    world: Any, cell_name: str, recipe: str, saved: str, model_id: str | None = None
 ) -> None:
+    """Training resumed after ``saved`` equals training that never stopped, for the zoo's
+    ``model_id`` (by default the cell's own)."""
     cell, start = PARALLELISMS[cell_name], SAVED_AT[saved]
+    model_id = model_id or cell.model_id
     _skip_unless_applies(cell, recipe, model_id)
     plain = plain_trajectory(cell, world, recipe, start + MORE_STEPS, model_id)
     path = _checkpoint_after(start, cell, world, recipe, model_id)
@@ -97,7 +102,14 @@ def test_resuming_in_fresh_objects_trains_as_never_stopped(world, saved, cell, r
     _assert_resumes_as_never_stopped(world, cell, recipe, saved)
 
 
-@pytest.mark.world(2, 4, applies=first_size_and_four("cell"))
+def _trains_the_mlp(size: int, **params: Any) -> bool:
+    """``first_size_and_four``, for the cells that train the MLP, whose frozen variant the zoo
+    has (``ep`` trains its mixture of experts)."""
+    cell = PARALLELISMS[params["cell"]]
+    return cell.model_id == DEFAULT_MODEL and first_size_and_four("cell")(size, **params)
+
+
+@pytest.mark.world(2, 4, applies=_trains_the_mlp)
 @pytest.mark.parametrize("cell", sorted(PARALLELISMS))
 def test_resuming_with_a_frozen_layer_trains_as_never_stopped(world, cell):
     """``fc1`` frozen: no gradient and no optimizer state, before and after the load."""
@@ -124,6 +136,10 @@ RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
     ("pp", "fsdp2", 2),
     ("fsdp2", "pp", 2),  # and back: into two stages of one rank
     ("pp", "pp", 2),
+    ("ep", "single", 1),  # two ranks of each expert, into one process
+    ("ep", "fsdp2", 2),
+    ("fsdp2", "ep", 2),  # and back: one rank of each expert
+    ("ep", "ep", 2),
 ]
 SAVED_STEPS = 2
 
@@ -140,6 +156,9 @@ def test_resuming_under_another_cell_trains_as_one_process(
     for cell in cells:
         cell.skip_unless_runnable(world.device)
     flatten = flattened_between(saved_by, resumed_by)
-    path = _checkpoint_after(SAVED_STEPS, PARALLELISMS[saved_by], world, recipe, flatten=flatten)
+    model_id = model_between(saved_by, resumed_by)
+    path = _checkpoint_after(
+        SAVED_STEPS, PARALLELISMS[saved_by], world, recipe, model_id, flatten=flatten
+    )
     world.barrier()
     resume_on_the_first_ranks(world, size, (saved_by, resumed_by), path, SAVED_STEPS, recipe)

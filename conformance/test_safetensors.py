@@ -34,12 +34,12 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal
+from conformance._held import held_part, whole_model_state
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
-from conformance._pipeline import held_part, whole_model_state
 from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dcp, dsd, full_options, with_parameters
-from conformance.models.common import ground_truth
+from conformance.models.zoo import truth_of
 
 Layout = Literal["consolidated", "sharded", "rank0_full"]
 LAYOUTS: tuple[Layout, ...] = ("consolidated", "sharded", "rank0_full")
@@ -117,7 +117,7 @@ def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, 
     pytest.importorskip("safetensors")
     path = world.tmp_path / "hf"
     trained = _save(world, cell, layout, DTYPES[dtype], path)
-    truth = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
+    truth = truth_of(parallelism, SAVED_AFTER, OPTIMIZERS[RECIPE], world.device).model
     assert_state_dict_equal(trained, truth, **comparison_tolerance(parallelism))
     expected = _cast(trained, DTYPES[dtype])
     if layout != "sharded" and world.rank == 0:

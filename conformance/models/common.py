@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance._held import held_part, holds
 from conformance._optimizers import adam
-from conformance._pipeline import held_part, holds
 from conformance._upstream import dtensor, tensor_parallel
 
 SEED = 1234

@@ -28,6 +28,7 @@ from conformance.models.common import (
     tokens,
     train,
 )
+from conformance.models.experts import seeded_mixture
 from conformance.models.transformer import seeded_transformer
 
 VARIANTS = ("plain", "checkpointed", "compiled")
@@ -131,6 +132,7 @@ def _catalogue() -> dict[str, ModelRecipe]:
         ModelRecipe("frozen", _seeded_frozen, batch, mixed_requires_grad=True),
         ModelRecipe("extra_state", _seeded_extra_state, batch),
         ModelRecipe("transformer", seeded_transformer, tokens),
+        ModelRecipe("moe", seeded_mixture, batch),
     ]
     recipes = list(bases)
     for base in (bases[0], bases[4]):
@@ -140,3 +142,16 @@ def _catalogue() -> dict[str, ModelRecipe]:
 
 
 MODELS = _catalogue()
+
+
+def model_of(cell: Parallelism, world: Any) -> nn.Module:
+    """The model ``cell`` trains (``Parallelism.model_id``), fresh from its seed, wrapped by
+    ``cell``."""
+    return MODELS[cell.model_id].make(cell, world)
+
+
+def truth_of(cell: Parallelism, steps: int, recipe: Any, device: torch.device) -> GroundTruth:
+    """One process's state on ``device`` after ``steps`` steps of ``recipe`` of the model
+    ``cell`` trains: what the cell must equal."""
+    model = MODELS[cell.model_id]
+    return ground_truth(steps, recipe, device=device, build=model.build, inputs=model.inputs)

@@ -257,6 +257,36 @@ def _meta_buffer_left_on_meta(original: Fn) -> Fn:
     return load
 
 
+def _list_positions(model: torch.nn.Module) -> dict[str, str]:
+    """Key prefixes of the entries of ``model``'s module lists that hold other ranks' entries
+    (``None``), each with the prefix of its position among the entries this rank holds."""
+    renames = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList):
+            continue
+        held = [name for name, child in module._modules.items() if child is not None]
+        if len(held) == len(module._modules):
+            continue
+        for position, name in enumerate(held):
+            renames[f"{path}.{name}." if path else f"{name}."] = (
+                f"{path}.{position}." if path else f"{position}."
+            )
+    return renames
+
+
+def _renumbered_by_local_position(original: Fn) -> Fn:
+    def get(model: torch.nn.Module, info: Any) -> Any:
+        state = original(model, info)
+        renames = _list_positions(model)
+        renamed = {}
+        for key, value in state.items():
+            prefix = next((old for old in renames if key.startswith(old)), None)
+            renamed[key if prefix is None else renames[prefix] + key[len(prefix) :]] = value
+        return renamed
+
+    return get
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -396,6 +426,16 @@ MUTANTS = [
         "persistent buffer on meta, which only a load into a model on meta shows",
         _meta_buffer_left_on_meta,
         META_LOADS,
+    ),
+    _mutant(
+        "list_entries_renumbered_by_local_position",
+        "_get_model_state_dict",
+        "on a rank that holds some entries of a module list alone (its experts, its pipeline "
+        "stage's layers), each entry's keys are numbered by its position among the entries the "
+        "rank holds: the values are right, the names of the whole model are not (experts.1 is "
+        "saved as experts.0), which only a cell of such ranks shows",
+        _renumbered_by_local_position,
+        "conformance/test_expert_parallel.py",
     ),
     _mutant(
         "strict_load_ignores_unexpected_keys",
