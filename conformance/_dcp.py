@@ -7,6 +7,8 @@ there is one, travels beside them as plain values, as training loops keep it.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -86,3 +88,13 @@ def load_options_for(loaders: Any) -> dict[str, Any]:
         with_parameters(dcp.load, "no_dist")
         return {"no_dist": True}
     return {"process_group": loaders.group} if loaders.member else {}
+
+
+def file_hashes(path: Path) -> dict[str, str]:
+    """Every file under ``path`` by its path, with the hash of its bytes: what a refused save
+    or load must leave as it was."""
+    return {
+        str(file.relative_to(path)): hashlib.sha256(file.read_bytes()).hexdigest()
+        for file in sorted(path.rglob("*"))
+        if file.is_file()
+    }

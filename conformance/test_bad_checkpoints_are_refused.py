@@ -30,7 +30,6 @@ expects that class by name.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +37,7 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal, local_copy
-from conformance._dcp import training_state
+from conformance._dcp import file_hashes, training_state
 from conformance._held import held_part
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size
@@ -79,15 +78,6 @@ def _saved_float64() -> torch.Tensor:
     return ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device="cpu").model[PARAM].double() * 1.5
 
 
-def _file_hashes(path: Path) -> dict[str, str]:
-    """Every file under ``path`` by its path, with the hash of its bytes."""
-    return {
-        str(file.relative_to(path)): hashlib.sha256(file.read_bytes()).hexdigest()
-        for file in sorted(path.rglob("*"))
-        if file.is_file()
-    }
-
-
 @pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
 @pytest.mark.parametrize("spoil", SPOILS)
 @pytest.mark.parametrize("cell", CELLS)
@@ -99,7 +89,7 @@ def test_a_spoiled_checkpoint_is_refused_naming_the_key(world, cell, spoil):
     state = training_state(model, optimizer, None)
     dcp.save({**state, "model": _spoiled(state["model"], spoil)}, checkpoint_id=str(path))
     world.barrier()
-    files = _file_hashes(path)
+    files = file_hashes(path)
     model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
     template = training_state(model, optimizer, None)
     before = local_copy(template)
@@ -112,7 +102,7 @@ def test_a_spoiled_checkpoint_is_refused_naming_the_key(world, cell, spoil):
         assert_state_dict_equal(local_copy(template), before)
         assert_state_dict_equal(local_copy(training_state(model, optimizer, None)), before)
     world.barrier()
-    assert _file_hashes(path) == files, f"rank {world.rank}: the load changed the checkpoint"
+    assert file_hashes(path) == files, f"rank {world.rank}: the load changed the checkpoint"
 
 
 def _refusal_of(template: dict[str, Any], path: Path) -> BaseException | None:
@@ -165,13 +155,13 @@ def test_a_spoiled_safetensors_file_is_refused_naming_it(world, spoil):
         _spoil_file(file, spoil)
     world.barrier()
     (file,) = path.glob("*.safetensors")
-    files = _file_hashes(path)
+    files = file_hashes(path)
     template = {key: torch.zeros_like(value) for key, value in model.items()}
     with pytest.raises(dcp.CheckpointException) as refused:
         dcp.load(template, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
     assert all(not value.any() for value in template.values()), "the template was written"
     world.barrier()
-    assert _file_hashes(path) == files, f"rank {world.rank}: the load changed the files"
+    assert file_hashes(path) == files, f"rank {world.rank}: the load changed the files"
     _assert_refused_naming(world, refused.value, file)
 
 

@@ -7,7 +7,9 @@ model had never been saved.
 DCP save → load restores every value and training then continues exactly as without the
 save, for every parallelism; resharding loads at 4 → 2 ranks and 4 → 1 (rank 0 alone,
 ``no_dist``) and 2 → 4, across parallelisms (FSDP1 → FSDP2, DDP → FSDP2, FSDP2+TP → TP, TP →
-DDP, ...).
+DDP, ...). A save over an existing checkpoint replaces it where its writer allows it
+(``FileSystemWriter(overwrite=True)``, the default) and is refused on every rank where it does
+not, the files left as they were (upstream's ``test_overwrite``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import pytest
 import torch
 
 from conformance._compare import assert_state_dict_equal
-from conformance._dcp import load_checkpoint, load_options_for, save_checkpoint
+from conformance._dcp import file_hashes, load_checkpoint, load_options_for, save_checkpoint
 from conformance._optimizers import adam
 from conformance._parallelisms import PARALLELISMS, comparison_tolerance, exists_at_size
 from conformance._subworld import SubWorld
-from conformance._upstream import dsd, full_options
+from conformance._upstream import dcp, dsd, full_options, with_parameters
 from conformance.models.common import seeded_mlp, train
 from conformance.models.zoo import model_of
 
@@ -116,3 +118,33 @@ def test_load_at_more_ranks_than_saved(world, loaded_by):
     loaded = _full(target, target_optimizer)
     if saved is not None:
         _assert_full_equal(loaded, saved, **comparison_tolerance(PARALLELISMS[loaded_by]))
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_a_save_over_a_checkpoint_replaces_it_only_where_allowed(world, name):
+    """Plain tensors and DTensors alike: a save with ``overwrite=True`` over a checkpoint
+    replaces it (a load gets the later state); one with ``overwrite=False`` is refused on every
+    rank, saying the checkpoint exists, and changes no file."""
+    PARALLELISMS[name].skip_unless_runnable(world.device)
+    with_parameters(dcp.FileSystemWriter, "overwrite")
+    path = world.tmp_path / "checkpoint"
+    model, optimizer = _model_and_optimizer(name, world)
+
+    def save(overwrite: bool) -> None:
+        writer = dcp.FileSystemWriter(path, overwrite=overwrite)
+        save_checkpoint(model, optimizer, str(path), storage_writer=writer)
+
+    train(model, optimizer, steps=1)
+    save(overwrite=False)
+    train(model, optimizer, steps=1, start=1)
+    later = _full(model, optimizer)
+    save(overwrite=True)
+    world.barrier()
+    files = file_hashes(path)
+    with pytest.raises(dcp.CheckpointException, match="already exists"):
+        save(overwrite=False)
+    assert file_hashes(path) == files, f"rank {world.rank}: the refused save changed the files"
+    fresh, fresh_optimizer = _model_and_optimizer(name, world)
+    load_checkpoint(fresh, fresh_optimizer, str(path))
+    _assert_full_equal(_full(fresh, fresh_optimizer), later)
