@@ -22,16 +22,18 @@ the resumed stages train on as one process.
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from conformance._compare import assert_state_dict_equal
-from conformance._dcp import save_checkpoint
+from conformance._dcp import load_checkpoint, save_checkpoint
 from conformance._held import HELD, whole_model_state, whole_optimizer_state
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, first_size_and_four
-from conformance._resume import MORE_STEPS, assert_full_state_is_single_process, resume
+from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
 from conformance._trajectory import fresh_training, trained
 from conformance._upstream import dsd, full_options
-from conformance.models.common import MLPWithBuffers, ground_truth, seeded_mlp
+from conformance.models.common import MLPWithBuffers, ground_truth, seeded_mlp, train
 
 RECIPE = "adamw_step_lr"
 SAVED_AFTER = 2
@@ -77,7 +79,29 @@ def test_a_pipeline_checkpoint_of_nested_optimizer_state_resumes(world, cell):
     path = str(world.tmp_path / "checkpoint")
     save_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=False)
     training = fresh_training(parallelism, world, RECIPE)
-    resume(training, path, SAVED_AFTER, flatten=False)
+    load_checkpoint(training[0], training[1], path, scheduler=training[2], flatten=False)
+    # Before training on: a stage whose first step fails would leave the others waiting.
+    lacking = _every_rank(_groups_lacking_hyper_parameters(training[1]))
+    assert not any(lacking), "; ".join(
+        f"rank {rank}: {', '.join(found)}" for rank, found in enumerate(lacking) if found
+    )
+    train(training[0], training[1], MORE_STEPS, training[2], start=SAVED_AFTER)
     assert_full_state_is_single_process(
         training, SAVED_AFTER + MORE_STEPS, RECIPE, model_id=parallelism.model_id
     )
+
+
+def _groups_lacking_hyper_parameters(optimizer: torch.optim.Optimizer) -> list[str]:
+    """This rank's param groups that lack a hyper-parameter of the optimizer's defaults."""
+    return [
+        f"param group {index} has no {sorted(set(optimizer.defaults) - set(group))}"
+        for index, group in enumerate(optimizer.param_groups)
+        if set(optimizer.defaults) - set(group)
+    ]
+
+
+def _every_rank(found: list[str]) -> list[list[str]]:
+    """``found`` of every rank, by rank. Collective."""
+    gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, found)
+    return gathered
