@@ -37,7 +37,8 @@ def held_part(tree: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     return {key: value for key, value in tree.items() if held(key)}
 
 
-def _every_rank(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+def every_rank(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """``value`` of every rank of ``group``, by rank. Collective."""
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, value, group=group)
     return gathered
@@ -57,7 +58,7 @@ def whole_model_state(
     """The union of the full model state dicts of every rank of ``group``: the whole model's
     where each rank holds a part, ``state`` itself where every rank holds the whole
     model. Collective."""
-    return _union(_every_rank(state, group))
+    return _union(every_rank(state, group))
 
 
 def whole_optimizer_state(
@@ -66,7 +67,7 @@ def whole_optimizer_state(
     """The union of the full (nested) optimizer state dicts of every rank of ``group``
     (``whole_model_state``): the state of every parameter, and each param group with the
     names every part gives it. Collective."""
-    parts = _every_rank(state, group)
+    parts = every_rank(state, group)
     groups = []
     for index, group_state in enumerate(state["param_groups"]):
         names: list[str] = []

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from conformance._compare import assert_state_dict_equal
 from conformance._dcp import load_checkpoint, save_checkpoint
-from conformance._held import HELD, whole_model_state, whole_optimizer_state
+from conformance._held import HELD, every_rank, whole_model_state, whole_optimizer_state
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, first_size_and_four
 from conformance._resume import MORE_STEPS, assert_full_state_is_single_process
@@ -81,7 +80,7 @@ def test_a_pipeline_checkpoint_of_nested_optimizer_state_resumes(world, cell):
     training = fresh_training(parallelism, world, RECIPE)
     load_checkpoint(training[0], training[1], path, scheduler=training[2], flatten=False)
     # Before training on: a stage whose first step fails would leave the others waiting.
-    lacking = _every_rank(_groups_lacking_hyper_parameters(training[1]))
+    lacking = every_rank(_groups_lacking_hyper_parameters(training[1]))
     assert not any(lacking), "; ".join(
         f"rank {rank}: {', '.join(found)}" for rank, found in enumerate(lacking) if found
     )
@@ -98,10 +97,3 @@ def _groups_lacking_hyper_parameters(optimizer: torch.optim.Optimizer) -> list[s
         for index, group in enumerate(optimizer.param_groups)
         if set(optimizer.defaults) - set(group)
     ]
-
-
-def _every_rank(found: list[str]) -> list[list[str]]:
-    """``found`` of every rank, by rank. Collective."""
-    gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(gathered, found)
-    return gathered
