@@ -19,7 +19,7 @@ from conformance._parallelisms import (
 from conformance._subworld import SubWorld
 from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
 from conformance._upstream import dsd, full_options
-from conformance.models.common import computed_on, ground_truth
+from conformance.models.common import computed_on
 from conformance.models.zoo import MODELS
 
 MORE_STEPS = 2  # steps trained after a load
@@ -48,7 +48,7 @@ def resume(
     training: Training,
     path: str,
     start: int,
-    model_id: str = "mlp",
+    model_id: str = DEFAULT_MODEL,
     *,
     flatten: bool | None = None,
     **load: Any,
@@ -112,10 +112,7 @@ def assert_state_is_single_process(
     flattens and rebuilds, every sequence as a list: a tuple hyper-parameter such as Adam's
     ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
     both sides' sequences are compared as lists."""
-    model = MODELS[model_id]
-    expected = ground_truth(
-        steps, OPTIMIZERS[recipe], device=device, build=model.build, inputs=model.inputs
-    )
+    expected = MODELS[model_id].ground_truth(steps, device, OPTIMIZERS[recipe])
     if held_by is not None:
         expected = expected.held_by(held_by)
     assert_state_dict_equal(model_state, expected.model, **tolerance)

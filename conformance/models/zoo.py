@@ -119,10 +119,10 @@ class ModelRecipe:
         """``steps`` steps on this model's inputs."""
         train(model, optimizer, steps, inputs=self.inputs)
 
-    def ground_truth(self, steps: int, device: torch.device) -> GroundTruth:
-        """The single-process model and Adam after ``steps`` on ``device``: what every cell
-        must equal."""
-        return ground_truth(steps, device=device, build=self.build, inputs=self.inputs)
+    def ground_truth(self, steps: int, device: torch.device, recipe: Any = None) -> GroundTruth:
+        """The single-process model after ``steps`` steps of ``recipe`` (default Adam) on
+        ``device``: what every cell must equal."""
+        return ground_truth(steps, recipe, device=device, build=self.build, inputs=self.inputs)
 
 
 def _catalogue() -> dict[str, ModelRecipe]:
@@ -153,5 +153,4 @@ def model_of(cell: Parallelism, world: Any) -> nn.Module:
 def truth_of(cell: Parallelism, steps: int, recipe: Any, device: torch.device) -> GroundTruth:
     """One process's state on ``device`` after ``steps`` steps of ``recipe`` of the model
     ``cell`` trains: what the cell must equal."""
-    model = MODELS[cell.model_id]
-    return ground_truth(steps, recipe, device=device, build=model.build, inputs=model.inputs)
+    return MODELS[cell.model_id].ground_truth(steps, device, recipe)
