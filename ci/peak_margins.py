@@ -36,7 +36,7 @@ def run_checks(
         for run in range(runs):
             log = Path(scratch) / f"run{run}.jsonl"
             command = [sys.executable, "-m", "pytest", MODULE, "-q", "-p", "no:cacheprovider"]
-            command += ["--backend", "gloo", "--world-sizes", world_sizes, *pytest_args]
+            command += ["--world-backend", "gloo", "--world-sizes", world_sizes, *pytest_args]
             print(f"peak_margins: run {run + 1}/{runs}", flush=True)
             completed = subprocess.run(
                 command, cwd=SUITE_ROOT, env={**os.environ, PEAK_LOG: str(log)}

@@ -1,50 +1,62 @@
-"""Applies the torch version's manifest of known divergences to the conformance suite."""
+"""Applies the known divergences of the torch release under test to the conformance suite:
+upstream's (conformance/manifests/upstream.toml) and a fork's own (``--manifest``)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
-from conformance._manifest import (
-    APPLIED_MANIFESTS,
-    RESOLUTION,
-    SUITE_ROOT,
-    UNUSED_ENTRIES,
-    UPSTREAM_MANIFEST,
-    Entry,
-    Resolution,
-    parse,
-    resolve,
-)
+from conformance._divergences import applied_manifests, lifted_markers, marker
 from conformance._parallelisms import PARALLELISMS
+from harness.manifest import Resolution, resolve
+
+_RESOLUTION = pytest.StashKey[Resolution]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("world").addoption(
+    group = parser.getgroup("conformance", "known divergences of the torch build under test")
+    group.addoption(
         "--manifest",
         action="append",
         default=None,
         metavar="PATH",
-        help="a fork's own known-divergence manifest(s), applied besides upstream's "
-        "(conformance/manifests/upstream.txt, by the torch release under test)",
+        help="a fork's own known-divergence manifest(s) (TOML, see harness/manifest.py), "
+        "applied besides upstream's (conformance/manifests/upstream.toml), by release",
+    )
+    group.addoption(
+        "--manifest-lift-skips",
+        action="store_true",
+        help="run only the tests of skip records, skip lifted, each in a world of its own "
+        "under a short deadline: one that passes (XPASS) shows the divergence fixed",
     )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    entries = _resolution(config).entries
-    used: set[Entry] = set()
+    divergences = resolution(config).divergences
+    lifting = config.getoption("manifest_lift_skips")
+    lifted: list[pytest.Item] = []
     for item in items:
         _skip_where_the_oracle_does_not_model_the_cell(item)
-        for entry in entries:
-            if entry.matches(item.nodeid):
-                item.add_marker(entry.marker())
-                used.add(entry)
-    config.stash[UNUSED_ENTRIES] = (
-        [] if _selects_tests(config) else _unused(entries, used, items, config)
-    )
+        for divergence in divergences:
+            if not divergence.matches(item.nodeid):
+                continue
+            if lifting and divergence.skip is not None:
+                for mark in lifted_markers(divergence):
+                    item.add_marker(mark)
+                lifted.append(item)
+            else:
+                item.add_marker(marker(divergence))
+    if lifting:
+        _keep_only(lifted, items, config)
+
+
+def _keep_only(kept: list[pytest.Item], items: list[pytest.Item], config: pytest.Config) -> None:
+    chosen = set(map(id, kept))
+    dropped = [item for item in items if id(item) not in chosen]
+    items[:] = [item for item in items if id(item) in chosen]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
 
 
 def _skip_where_the_oracle_does_not_model_the_cell(item: pytest.Item) -> None:
@@ -61,65 +73,24 @@ def _skip_where_the_oracle_does_not_model_the_cell(item: pytest.Item) -> None:
         )
 
 
-def _selects_tests(config: pytest.Config) -> bool:
-    """A run of chosen test ids (``path::name``, ``-k``, ``-m``) cannot judge the manifest."""
-    chosen = any("::" in arg for arg in config.args)
-    return chosen or bool(config.option.keyword) or bool(config.option.markexpr)
-
-
-def _unused(
-    entries: list[Entry], used: set[Entry], items: list[pytest.Item], config: pytest.Config
-) -> list[Entry]:
-    collected_paths = {item.nodeid.split("::", 1)[0] for item in items}
-    return [
-        entry
-        for entry in entries
-        if entry not in used and entry.is_judged_by(collected_paths, config.rootpath)
-    ]
-
-
-def _resolution(config: pytest.Config) -> Resolution:
+def resolution(config: pytest.Config) -> Resolution:
     """Upstream's manifest and a fork's, resolved for the torch under test: once a session."""
-    if RESOLUTION not in config.stash:
-        forks = [Path(p) for p in config.getoption("manifest") or []]
-        config.stash[APPLIED_MANIFESTS] = [UPSTREAM_MANIFEST, *forks]
-        manifests = [parse(UPSTREAM_MANIFEST, root=SUITE_ROOT), *map(parse, forks)]
-        config.stash[RESOLUTION] = resolve(manifests, torch.__version__)
-    return config.stash[RESOLUTION]
+    if _RESOLUTION not in config.stash:
+        manifests = applied_manifests(config.getoption("manifest") or [])
+        config.stash[_RESOLUTION] = resolve(manifests, torch.__version__)
+    return config.stash[_RESOLUTION]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return release_line(_resolution(config))
-
-
-def release_line(resolution: Resolution) -> str:
-    """One line on how the build's release resolved against the recorded releases."""
-    if resolution.recorded:
-        return f"known divergences: torch release {resolution.release} (recorded)"
-    if resolution.predates_the_suite:
-        return (
-            f"known divergences: torch release {resolution.release} predates the oldest "
-            f"recorded release ({resolution.oldest_recorded}), the oldest this suite serves: "
-            "failures may be the suite's own"
-        )
-    return (
-        f"known divergences: torch release {resolution.release} is not recorded (newest "
-        f"recorded: {resolution.newest_recorded}); {len(resolution.inferred)} entries "
-        "inferred from their release ranges"
-    )
+    return f"known divergences: {resolution(config).describe()}"
 
 
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    resolution = config.stash.get(RESOLUTION, None)
-    if resolution is not None and not resolution.recorded:
+    found = config.stash.get(_RESOLUTION, None)
+    if found is not None and found.inferred:
         terminalreporter.section("known divergences inferred for an unrecorded release")
-        terminalreporter.line(release_line(resolution))
-        for entry in resolution.inferred:
-            terminalreporter.line(f"{entry.source}: {entry.pattern} ({entry.releases})")
-    unused = config.stash.get(UNUSED_ENTRIES, [])
-    if unused:
-        terminalreporter.section("manifest entries that match no test")
-        for entry in unused:
-            terminalreporter.line(f"{entry.source}: {entry.pattern}")
+        terminalreporter.line(found.describe())
+        for divergence in found.inferred:
+            terminalreporter.line(f"{divergence.source} ({divergence.releases})")

@@ -252,7 +252,7 @@ def test_flattened_optimizer_load_of_flat_fsdp1_restores_the_saved_state(world, 
     ``use_orig_params``, trains a step, and goes back to the same checkpoint: its optimizer
     then holds the single-process state of the checkpoint. Each rank orders a set of names by
     its own hash seed, as the processes a launcher starts do (the harness gives rank r
-    ``PYTHONHASHSEED`` = ``--hash-seed`` + r); the loads must not depend on that order."""
+    ``PYTHONHASHSEED`` = ``--world-hash-seed`` + r); the loads must not depend on that order."""
     flattened = dsd.StateDictOptions(flatten_optimizer_state_dict=True)
     source = _wrapped(name, world)
     source_optimizer = adam(source)
@@ -427,7 +427,7 @@ def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
     if "cpu" in served:
         pytest.skip(
             f"needs a backend that moves only accelerator tensors; {world.backend} moves CPU "
-            "tensors (run with --backend nccl, or the accelerator's own)"
+            "tensors (run with --world-backend nccl, or the accelerator's own)"
         )
     model = seeded_mlp()  # stays on the CPU; the group only moves CUDA tensors
     expected = ground_truth(steps=0, device=world.device).model

@@ -8,5 +8,5 @@ CONTROLLER_ADDRESS = "HARNESS_CONTROLLER"  # host:port of the controller's liste
 RANK = "HARNESS_RANK"
 WORLD_DIR = "HARNESS_WORLD_DIR"  # the world's scratch directory (stack dumps, logs)
 TORCHRUN_MARKERS = ("TORCHELASTIC_RUN_ID", "GROUP_RANK")
-# Spawned rank r runs with PYTHONHASHSEED = the session's hash seed (--hash-seed) + r.
+# Spawned rank r runs with PYTHONHASHSEED = the session's hash seed (--world-hash-seed) + r.
 DEFAULT_HASH_SEED = 1

@@ -14,6 +14,16 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
 DEFAULT_DEADLINE_FLOOR_S = 30.0
 MAX_HASH_SEED = 2**31  # PYTHONHASHSEED takes up to 2**32 - 1; a rank's is the seed + its rank
+# Every option of the plugin starts with --world-, so that it cannot collide with another
+# suite's own (a --device of an ML repository's conftest); the spellings of earlier releases,
+# which the plugin no longer registers and ``python -m ci.gate`` answers with the new name.
+RENAMED_OPTIONS = {
+    "--backend": "--world-backend",
+    "--device": "--world-device",
+    "--max-worlds": "--world-max",
+    "--hash-seed": "--world-hash-seed",
+    "--require-devices": "--world-require-devices",
+}
 
 
 @dataclass(frozen=True)
@@ -40,12 +50,12 @@ class WorldOptions:
         if self.timeout_s <= 0:
             raise pytest.UsageError(f"--world-timeout must be positive, got {self.timeout_s}")
         if self.max_worlds < 1:
-            raise pytest.UsageError(f"--max-worlds must be at least 1, got {self.max_worlds}")
+            raise pytest.UsageError(f"--world-max must be at least 1, got {self.max_worlds}")
         if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
             raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
         if not 0 <= self.hash_seed < MAX_HASH_SEED:
             raise pytest.UsageError(
-                f"--hash-seed takes 0 to {MAX_HASH_SEED - 1}, got {self.hash_seed}"
+                f"--world-hash-seed takes 0 to {MAX_HASH_SEED - 1}, got {self.hash_seed}"
             )
 
     def deadline_s(self, nodeid: str) -> float:
@@ -61,21 +71,21 @@ class WorldOptions:
         raw_sizes = config.getoption("world_sizes")
         try:
             backend, device_type = devices.resolve(
-                config.getoption("backend"), config.getoption("device")
+                config.getoption("world_backend"), config.getoption("world_device")
             )
         except ValueError as error:
-            raise pytest.UsageError(f"--backend/--device: {error}") from None
+            raise pytest.UsageError(f"--world-backend/--world-device: {error}") from None
         return cls(
             backend=backend,
             device_type=device_type,
             sizes=_parse_sizes(raw_sizes) if raw_sizes else None,
             timeout_s=config.getoption("world_timeout"),
-            max_worlds=config.getoption("max_worlds"),
-            require_devices=config.getoption("require_devices"),
+            max_worlds=config.getoption("world_max"),
+            require_devices=config.getoption("world_require_devices"),
             recorded_s=_recorded_durations(config.getoption("world_deadlines")),
             deadline_factor=config.getoption("world_deadline_factor"),
             deadline_floor_s=config.getoption("world_deadline_floor"),
-            hash_seed=config.getoption("hash_seed"),
+            hash_seed=config.getoption("world_hash_seed"),
         )
 
 
@@ -110,7 +120,7 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("world", "SPMD worlds of rank processes")
     group.addoption(
-        "--backend",
+        "--world-backend",
         default=devices.AUTO,
         metavar="NAME",
         help="process-group backend of the worlds: any the torch build has registered, built "
@@ -118,7 +128,7 @@ def add_options(parser: pytest.Parser) -> None:
         "of the device type (default: auto)",
     )
     group.addoption(
-        "--device",
+        "--world-device",
         default=devices.AUTO,
         metavar="TYPE",
         help="device type of the worlds' ranks, bound to TYPE:local_rank (cpu, cuda, xpu, a "
@@ -161,14 +171,14 @@ def add_options(parser: pytest.Parser) -> None:
         help=f"(default: {DEFAULT_DEADLINE_FLOOR_S:g})",
     )
     group.addoption(
-        "--max-worlds",
+        "--world-max",
         type=int,
         default=1,
         metavar="N",
         help="how many worlds may be alive at once; the least recently used is closed (default: 1)",
     )
     group.addoption(
-        "--hash-seed",
+        "--world-hash-seed",
         type=int,
         default=_env.DEFAULT_HASH_SEED,
         metavar="N",
@@ -177,7 +187,7 @@ def add_options(parser: pytest.Parser) -> None:
         f"the launcher's environment decides (default: {_env.DEFAULT_HASH_SEED})",
     )
     group.addoption(
-        "--require-devices",
+        "--world-require-devices",
         action="store_true",
         help="fail, instead of skip, world tests whose devices this machine lacks",
     )

@@ -26,14 +26,19 @@ class WorldPool:
         self._worlds: OrderedDict[WorldSpec, World] = OrderedDict()
         self.spawned = 0
 
-    def run(self, spec: WorldSpec, request: TestRequest) -> WorldOutcome:
-        """Run ``request`` in a world of ``spec``; recycle the world if the test broke it."""
+    def run(self, spec: WorldSpec, request: TestRequest, alone: bool = False) -> WorldOutcome:
+        """Run ``request`` in a world of ``spec``; recycle the world if the test broke it.
+        ``alone``: in a world started for this test and closed after it."""
+        if alone:
+            self._close(spec)
         notes: list[str] = []
         world = self._acquire(spec, notes)
         outcome = world.run(request)
         outcome.notes += notes
         if not outcome.world_is_reusable:
             self._discard(spec)
+        elif alone:
+            self._close(spec)
         return outcome
 
     def _acquire(self, spec: WorldSpec, notes: list[str]) -> World:
@@ -55,6 +60,11 @@ class WorldPool:
         self.spawned += 1
         self._worlds[spec] = world
         return world
+
+    def _close(self, spec: WorldSpec) -> None:
+        world = self._worlds.pop(spec, None)
+        if world is not None:
+            world.close()
 
     def _discard(self, spec: WorldSpec) -> None:
         world = self._worlds.pop(spec, None)

@@ -21,7 +21,7 @@ import pytest
 
 from harness import _env, outcomes
 from harness import _messages as msg
-from harness._options import WorldOptions, add_options
+from harness._options import RENAMED_OPTIONS, WorldOptions, add_options
 from harness._outcome import WorldOutcome, describe_exception
 from harness._pool import WorldPool
 from harness._preload import PRELOAD, import_preloads
@@ -29,7 +29,21 @@ from harness._spec import WorldSpec
 from harness._torchrun import HangWatchdog, TorchrunWorld, launched_by_torchrun
 from harness._world import TestRequest, WorldSettings, WorldStartError
 
+__all__ = [
+    "ALONE_MARKER",
+    "FAILING_RANKS",
+    "FIRST_FAILURE",
+    "MARKER",
+    "NOT_APPLICABLE",
+    "RENAMED_OPTIONS",
+    "WorldOptions",
+    "world_options",
+]
+
 MARKER = "world"
+# Runs a world test in a world started for it and closed after it, under a deadline of at
+# most ``timeout`` seconds: for tests that may hang or crash (a lifted skip of the manifest).
+ALONE_MARKER = "world_alone"
 # Names of the user properties (junit XML <property> elements) a failed world test carries.
 FAILING_RANKS = "failing_ranks"  # e.g. "1,3"
 FIRST_FAILURE = "first_failure"  # the lowest failing rank and its exception in a few lines
@@ -61,6 +75,12 @@ class WorldTicket:
 _SESSION = pytest.StashKey[_Session]()
 
 
+def world_options(config: pytest.Config) -> WorldOptions:
+    """The session's world options, backend and device type resolved: what other plugins
+    (the gate's recorder) read instead of resolving the raw options a second time."""
+    return config.stash[_SESSION].options
+
+
 def _in_rank_process() -> bool:
     return os.environ.get(_env.ROLE) == _env.RANK_ROLE
 
@@ -76,6 +96,11 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(*sizes, timeout=None, applies=None): run the test body on every rank of a "
         "world of each size; applies(size, **params) -> bool leaves out the combinations that "
         "do not exist at a size",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{ALONE_MARKER}(timeout=None): run this world test in a world started for it and "
+        "closed after it, its deadline at most timeout seconds",
     )
     if _in_rank_process():
         return
@@ -232,10 +257,13 @@ def _safe_name(nodeid: str) -> str:
 
 def _deadline(item: pytest.Item, options: WorldOptions) -> float:
     """The marker's ``timeout``, else a deadline fitted to the test's recorded duration, else
-    ``--world-timeout``."""
+    ``--world-timeout``; at most the ``world_alone`` marker's timeout."""
     marker = item.get_closest_marker(MARKER)
     timeout = marker.kwargs.get("timeout") if marker else None
-    return float(timeout) if timeout is not None else options.deadline_s(item.nodeid)
+    deadline = float(timeout) if timeout is not None else options.deadline_s(item.nodeid)
+    alone = item.get_closest_marker(ALONE_MARKER)
+    cap = alone.kwargs.get("timeout") if alone else None
+    return deadline if cap is None else min(deadline, float(cap))
 
 
 def _body_params(item: pytest.Function) -> dict[str, Any]:
@@ -303,11 +331,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     reason = ticket.spec.unavailable_reason()
     if reason is not None:
         if state.options.require_devices:
-            pytest.fail(f"{reason} (--require-devices)", pytrace=False)
+            pytest.fail(f"{reason} (--world-require-devices)", pytrace=False)
         pytest.skip(reason)
     request = _request(pyfuncitem, ticket, _deadline(pyfuncitem, state.options))
     try:
-        outcome = state.pool.run(ticket.spec, request)
+        alone = pyfuncitem.get_closest_marker(ALONE_MARKER) is not None
+        outcome = state.pool.run(ticket.spec, request, alone=alone)
     except WorldStartError as exc:
         pytest.fail(str(exc), pytrace=False)
     _report(pyfuncitem, outcome)

@@ -72,6 +72,8 @@ def run_inner(
         str(target),
         "-p",
         "no:cacheprovider",
+        "-p",
+        "harness.plugin",
     ]
     env = dict(os.environ, INNER_WORKDIR=str(workdir))
     env.pop("PYTEST_ADDOPTS", None)
@@ -97,7 +99,7 @@ def start_session(
     harness refuses at start-up, before any test runs."""
     (workdir / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "-p", "harness.plugin"],
         cwd=workdir,
         env=env,
         capture_output=True,

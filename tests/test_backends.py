@@ -42,17 +42,18 @@ def test_names_the_build_lacks_are_refused(backend: str, device_type: str, error
 
 
 def test_an_unknown_backend_is_a_usage_error_before_any_test(tmp_path) -> None:
-    completed = start_session(tmp_path, "--backend", "no_such_ccl")
+    completed = start_session(tmp_path, "--world-backend", "no_such_ccl")
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout
-    assert "--backend/--device: unknown backend 'no_such_ccl'; this torch build has:" in (
-        completed.stderr
+    assert (
+        "--world-backend/--world-device: unknown backend 'no_such_ccl'; this torch build has:"
+        in (completed.stderr)
     )
 
 
 def test_worlds_run_on_a_backend_registered_out_of_tree(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(PRELOAD, "gloo_relay_backend")
     run = run_inner(
-        "inner_backend.py", tmp_path / "run", "--backend", "gloo_relay", pythonpath=INNER_DIR
+        "inner_backend.py", tmp_path / "run", "--world-backend", "gloo_relay", pythonpath=INNER_DIR
     )
     assert run.outcome("test_the_world_runs_on_the_registered_backend[w2]") == "passed", run.output
     assert run.outcome("test_meshes_and_dtensors_use_it_too[w4]") == "passed", run.output
@@ -60,6 +61,6 @@ def test_worlds_run_on_a_backend_registered_out_of_tree(tmp_path, monkeypatch) -
 
 def test_without_its_preload_the_registered_name_is_unknown(tmp_path) -> None:
     env = {key: value for key, value in os.environ.items() if key != PRELOAD}
-    completed = start_session(tmp_path, "--backend", "gloo_relay", env=env)
+    completed = start_session(tmp_path, "--world-backend", "gloo_relay", env=env)
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert "unknown backend 'gloo_relay'" in completed.stderr

@@ -28,9 +28,25 @@ CHROMIUM_QUIET = (
     "--disable-component-update",
     "--disable-sync",
 )
-KNOWN = "inner_gate.py::test_known_divergence[[]w2[]] | rank 0 is never 5 | https://example.org/k"
-FIXED = "inner_gate.py::test_fixed_in_this_build[[]w2[]] | fails before 2.0 | https://example.org/f"
-STALE = "inner_gate.py::test_gone | removed long ago | https://example.org/gone"
+FORK_MANIFEST = """# a fork's own manifest
+[[divergence]]
+id = "known"
+link = "https://example.org/k"
+reason = "rank 0 is never 5"
+tests = ["inner_gate.py::test_known_divergence[w2]"]
+
+[[divergence]]
+id = "fixed"
+link = "https://example.org/f"
+reason = "fails before 2.0"
+tests = ["inner_gate.py::test_fixed_in_this_build[w2]"]
+
+[[divergence]]
+id = "stale"
+link = "https://example.org/gone"
+reason = "removed long ago"
+tests = ["inner_gate.py::test_gone"]
+"""
 
 
 @dataclass(frozen=True)
@@ -60,8 +76,8 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
     (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
     # The suite's manifest plugin, as conformance/ has it.
     (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
-    manifest = work / "fork-manifest.txt"
-    manifest.write_text(f"# a fork's own manifest\n{KNOWN}\n{FIXED}\n{STALE}\n")
+    manifest = work / "fork-manifest.toml"
+    manifest.write_text(FORK_MANIFEST)
     out = work / "report"
     args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest)]
     # The rootdir is the suite's folder wherever this runs (else the common ancestor of it
@@ -146,16 +162,19 @@ def test_the_execution_target_is_recorded(gate: GateRun) -> None:
 
 def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> None:
     # Upstream's known divergences apply besides a fork's own.
-    assert [Path(p).name for p in gate.results.manifests] == ["upstream.txt", "fork-manifest.txt"]
+    assert [Path(p).name for p in gate.results.manifests] == [
+        "upstream.toml",
+        "fork-manifest.toml",
+    ]
     (unused,) = gate.results.unused_entries
     assert unused.pattern == "inner_gate.py::test_gone"
-    assert unused.source.endswith("fork-manifest.txt:4")
+    assert unused.source.endswith("fork-manifest.toml#stale")
 
 
 def test_the_release_of_the_build_is_resolved_and_reported(gate: GateRun) -> None:
     import torch
 
-    from conformance._manifest import release_of
+    from harness.manifest import release_of
 
     release = gate.results.release
     assert release is not None

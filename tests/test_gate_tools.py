@@ -12,7 +12,7 @@ import pytest
 from ci.gate import adopt, durations, fork_vs_base
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
-from conformance._manifest import parse
+from harness.manifest import load
 from harness.outcomes import Outcome
 
 M = "conformance/test_m.py"
@@ -104,16 +104,23 @@ def test_adopted_entries_cover_exactly_the_failures(tmp_path: Path) -> None:
         _test(f"{M}::test_h[w2-tp]", "failed", "rank 1 hung: did not finish within 300 s"),
         _test(f"{M}::test_x[w2-tp]", "xfailed", "rank 0 failed: known upstream"),
     )
-    path = tmp_path / "fork.txt"
-    path.write_text(adopt.manifest_text(results))
-    entries = parse(path).entries
-    assert [(e.pattern, e.reason, e.link, e.kind) for e in entries] == [
-        (f"{M}::test_a[[]*ddp*[]]", "failed: KeyError: 'step'", "TODO", "xfail"),
-        (f"{M}::test_a[[]w2-fsdp2-full[]]", "failed: KeyError: 'step'", "TODO", "xfail"),
-        (f"{M}::test_h[[]w2-tp[]]", "hung: did not finish within 300 s", "TODO", "skip"),
+    path = tmp_path / "fork.toml"
+    link = "https://example.org/fork/issues/1"
+    path.write_text(adopt.manifest_text(results, link))
+    records = load(path).divergences
+    assert [(d.id, d.tests, d.reason, d.link, d.skip) for d in records] == [
+        ("adopted-1", (f"{M}::test_a[*ddp*]",), "failed: KeyError: 'step'", link, None),
+        ("adopted-2", (f"{M}::test_a[w2-fsdp2-full]",), "failed: KeyError: 'step'", link, None),
+        ("adopted-3", (f"{M}::test_h[w2-tp]",), "hung: did not finish within 300 s", link, "hang"),
     ]
-    matched = {t.nodeid for t in results.tests if any(e.matches(t.nodeid) for e in entries)}
+    matched = {t.nodeid for t in results.tests if any(d.matches(t.nodeid) for d in records)}
     assert matched == {t.nodeid for t in results.tests if t.outcome == "failed"}
+
+
+def test_adopt_takes_a_url_for_its_link(tmp_path: Path) -> None:
+    results = _results("2.13.0+fork", _test(f"{M}::test_a[w2-ddp]", "failed", "rank 0 failed"))
+    with pytest.raises(ValueError, match="link must be a URL"):
+        adopt.manifest_text(results, "TODO")
 
 
 def test_recorded_durations_are_the_longest_complete_run_of_each_test_function() -> None:

@@ -151,8 +151,8 @@ def test_world_sizes_option_deselects_other_sizes(pytester: pytest.Pytester) -> 
         (["--world-sizes", "two"], "--world-sizes takes comma-separated integers"),
         (["--world-sizes", "0"], "--world-sizes needs positive sizes"),
         (["--world-timeout", "0"], "--world-timeout must be positive"),
-        (["--max-worlds", "0"], "--max-worlds must be at least 1"),
-        (["--hash-seed", "-1"], "--hash-seed takes 0 to 2147483647, got -1"),
+        (["--world-max", "0"], "--world-max must be at least 1"),
+        (["--world-hash-seed", "-1"], "--world-hash-seed takes 0 to 2147483647, got -1"),
     ],
 )
 def test_bad_options_are_usage_errors(
@@ -199,7 +199,7 @@ def test_on_gpus(world):
 
 def test_nccl_world_without_devices_is_skipped_with_the_reason(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(NCCL_TEST)
-    result = pytester.runpytest("--backend", "nccl", "-rs")
+    result = pytester.runpytest("--world-backend", "nccl", "-rs")
     result.assert_outcomes(skipped=1)
     out = result.stdout.str()
     assert "this torch build has no nccl backend" in out or "cuda devices (one per rank)" in out
@@ -207,9 +207,9 @@ def test_nccl_world_without_devices_is_skipped_with_the_reason(pytester: pytest.
 
 def test_require_devices_turns_the_skip_into_a_failure(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(NCCL_TEST)
-    result = pytester.runpytest("--backend", "nccl", "--require-devices")
+    result = pytester.runpytest("--world-backend", "nccl", "--world-require-devices")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*(--require-devices)*"])
+    result.stdout.fnmatch_lines(["*(--world-require-devices)*"])
 
 
 def test_a_recorded_duration_fits_the_deadline(pytester: pytest.Pytester) -> None:

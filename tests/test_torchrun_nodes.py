@@ -41,7 +41,7 @@ def _agent(
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=nodes{port}",
         f"--rdzv-conf=is_host={int(hosts)}", f"--local-addr={local_addr}",
-        "-m", "pytest", "-p", "no:cacheprovider", *args,
+        "-m", "pytest", "-p", "no:cacheprovider", "-p", "harness.plugin", *args,
     ]  # fmt: skip
     return subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

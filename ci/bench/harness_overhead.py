@@ -170,7 +170,17 @@ def test_durations(kind: Kind, size: int, body: str, workdir: Path) -> list[floa
     path = workdir / f"test_{kind.name}_{size}.py"
     path.write_text(textwrap.dedent(kind.source(size, body)))
     durations = workdir / "durations.json"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "harness.plugin",
+    ]
+    command.append(str(path))
     env = dict(os.environ, BENCH_DURATIONS=str(durations))
     done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0 or f"{kind.count} passed" not in done.stdout:

@@ -13,6 +13,7 @@ import os
 import shlex
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,9 @@ from ci.gate.results import (
     count_by_parallelism_and_size,
 )
 from ci.gate.target import detect, suite_commit
-from harness import WorldSpec
+from harness.manifest import Manifest, Resolution, resolve
 from harness.outcomes import OUTCOMES, Outcome, is_failure
-from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE
+from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE, WorldOptions, world_options
 
 PROGRESS_EVERY_S = 60.0
 # How pytest reports a test marked xfail(strict=True) that passed: a failed call.
@@ -55,6 +56,16 @@ def classify(nodeid: str, parallelisms: frozenset[str]) -> tuple[str, str]:
     params = nodeid.partition("[")[2].rstrip("]").split("-")
     named = [param for param in params if param in parallelisms]
     return check, named[0] if named else NO_PARALLELISM
+
+
+def _release(resolution: Resolution) -> ReleaseResolution:
+    return ReleaseResolution(
+        release=str(resolution.release),
+        recorded=resolution.recorded,
+        newest_recorded=str(resolution.newest_recorded or "none"),
+        inferred=tuple(f"{d.source}: {' '.join(d.tests)}" for d in resolution.inferred),
+        predates_the_suite=resolution.predates_the_suite,
+    )
 
 
 def _known_parallelisms() -> frozenset[str]:
@@ -131,9 +142,15 @@ class GateRecorder:
         self.sizes: dict[str, int | None] = {}
         self.current_size: int | None = None
         self.not_applicable: list[tuple[str, int]] = []  # (parallelism, size) of each id
+        self.collected: list[str] = []  # every id collected, before any was left out
         self.final: GateResults  # set when the session finishes
 
     # ----- hooks ------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> Iterator[None]:
+        self.collected = [item.nodeid for item in items]
+        return (yield)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         parallelisms = _known_parallelisms()
@@ -166,22 +183,19 @@ class GateRecorder:
     # ----- results ----------------------------------------------------------
 
     def results(self, exit_status: int) -> GateResults:
-        from conformance import APPLIED_MANIFESTS, UNUSED_ENTRIES
-
         sizes = tuple(sorted({s for s in self.sizes.values() if s is not None}))
         parallelisms = _known_parallelisms()
+        target = detect(
+            self._world_kind.backend, self._world_kind.device_type, sizes, self.suite_commit
+        )
+        manifests, resolution = self._known_divergences(target.torch_version)
         return GateResults(
-            target=detect(
-                self._world_kind.backend, self._world_kind.device_type, sizes, self.suite_commit
-            ),
+            target=target,
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
-            manifests=[str(path) for path in self.config.stash.get(APPLIED_MANIFESTS, [])],
-            release=self._release(),
-            unused_entries=[
-                UnusedEntry(entry.source, entry.pattern)
-                for entry in self.config.stash.get(UNUSED_ENTRIES, [])
-            ],
+            manifests=[str(manifest.path) for manifest in manifests],
+            release=_release(resolution) if resolution else None,
+            unused_entries=self._unused(resolution) if resolution else [],
             tests=[
                 self._test_result(nodeid, record, parallelisms)
                 for nodeid, record in self.records.items()
@@ -208,25 +222,27 @@ class GateRecorder:
         )
 
     @functools.cached_property
-    def _world_kind(self) -> WorldSpec:
-        """The worlds' backend and device type, ``auto`` resolved as the harness resolves them
-        (once a run: progress lines ask for them too)."""
-        backend, device = self.config.getoption("backend"), self.config.getoption("device")
-        return WorldSpec(str(backend), 1, str(device))
+    def _world_kind(self) -> WorldOptions:
+        """The worlds' backend and device type, as the world plugin resolved them."""
+        return world_options(self.config)
 
-    def _release(self) -> ReleaseResolution | None:
-        from conformance import RESOLUTION
+    def _known_divergences(self, torch_version: str) -> tuple[list[Manifest], Resolution | None]:
+        """The manifests the suite applied and their resolution for the build; none where the
+        suite applies no manifest (its conftest adds the --manifest option)."""
+        if not hasattr(self.config.option, "manifest"):
+            return [], None
+        from conformance import applied_manifests
 
-        resolution = self.config.stash.get(RESOLUTION, None)
-        if resolution is None:
-            return None
-        return ReleaseResolution(
-            release=str(resolution.release),
-            recorded=resolution.recorded,
-            newest_recorded=str(resolution.newest_recorded or "none"),
-            inferred=tuple(f"{e.source}: {e.pattern}" for e in resolution.inferred),
-            predates_the_suite=resolution.predates_the_suite,
-        )
+        manifests = applied_manifests(self.config.getoption("manifest") or [])
+        return manifests, resolve(manifests, torch_version)
+
+    def _unused(self, resolution: Resolution) -> list[UnusedEntry]:
+        from conformance import judges_staleness
+
+        if not judges_staleness(self.config):
+            return []
+        unused = resolution.unused(self.collected, self.config.rootpath)
+        return [UnusedEntry(d.source, " ".join(d.tests)) for d in unused]
 
     def _rerun_command(self, nodeid: str) -> str:
         """The command that reruns ``nodeid`` alone, with the options that change its outcome."""
@@ -234,13 +250,13 @@ class GateRecorder:
         invoked_in = self.config.invocation_params.dir
         path, _, name = nodeid.partition("::")
         where = os.path.relpath(self.config.rootpath / path, invoked_in)
-        args = ["python", "-m", "pytest", f"{where}::{name}"]
-        args.append(f"--backend={self.config.getoption('backend')}")
-        args.append(f"--device={self.config.getoption('device')}")
+        args = ["python", "-m", "pytest", f"{where}::{name}", "-p", "harness.plugin"]
+        args.append(f"--world-backend={self._world_kind.backend}")
+        args.append(f"--world-device={self._world_kind.device_type}")
         manifests = self.config.getoption("manifest", None) or []
         args += [f"--manifest={manifest}" for manifest in manifests]
-        if self.config.getoption("require_devices", False):
-            args.append("--require-devices")
+        if self._world_kind.require_devices:
+            args.append("--world-require-devices")
         return shlex.join(args)
 
     # ----- progress ---------------------------------------------------------

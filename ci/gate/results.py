@@ -74,10 +74,10 @@ def count_by_parallelism_and_size(
 
 @dataclass(frozen=True)
 class UnusedEntry:
-    """A manifest entry that matched no collected test: stale, or a typo in its pattern."""
+    """A manifest record that matched no collected test: stale, or a typo in its tests."""
 
-    source: str
-    pattern: str
+    source: str  # file#id
+    pattern: str  # its tests, space-separated
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class ReleaseResolution:
     release: str  # e.g. 2.15.0 for 2.15.0a0+gitabc
     recorded: bool
     newest_recorded: str
-    inferred: tuple[str, ...] = ()  # "source: pattern" of each entry applied by its range alone
+    inferred: tuple[str, ...] = ()  # "source: tests" of each record applied by its range alone
     predates_the_suite: bool = False  # older than every recorded release
 
     def describe(self) -> str:

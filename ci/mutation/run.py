@@ -59,7 +59,7 @@ def run_tests(
     command = [
         sys.executable, "-m", "pytest", *dict.fromkeys(tests), "-q",
         *(["-x"] if stop_at_first else []), "-p", "no:warnings", "-p", "no:cacheprovider",
-        f"--backend={settings.backend}", f"--device={settings.device}",
+        f"--world-backend={settings.backend}", f"--world-device={settings.device}",
         f"--world-sizes={settings.world_sizes}",
         f"--world-timeout={settings.world_timeout_s}", f"--junitxml={junit}",
     ]  # fmt: skip

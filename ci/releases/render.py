@@ -51,9 +51,10 @@ def _run_rows(release_map: ReleaseMap) -> tuple[list[str], list[list[str]]]:
 
 
 def _divergence_rows(release_map: ReleaseMap) -> tuple[list[str], list[list[str]]]:
-    header = ["divergence", "range", *(run.release for run in release_map.runs), "link"]
+    releases = [run.release for run in release_map.runs]
+    header = ["divergence", "range", "fitted from these runs", *releases, "link"]
     rows = [
-        [f"{row.reason} ({row.pattern})", row.releases, *row.showing, row.link]
+        [f"{row.reason} ({row.id})", row.releases, row.fitted, *row.showing, row.link]
         for row in release_map.rows
     ]
     return header, rows

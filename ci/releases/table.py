@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+
+from packaging.version import Version
 
 from ci.gate.results import GateResults, TestResult
-from conformance import UPSTREAM_MANIFEST, Entry, parse, release_of
-
-# How a divergence showed in one release's run: its tests failed (expected there or not),
-# all passed (fixed there, or not yet broken), were not run (a skip entry: a hang or a crash
-# the gate will not risk), or none of them ran.
-Showing = Literal["fails", "passes", "not run", "-"]
+from conformance import UPSTREAM_MANIFEST
+from harness.manifest import Divergence, Showing, fit_range, load, release_of
 
 
 @dataclass(frozen=True)
@@ -38,11 +35,12 @@ class ReleaseRun:
 class Row:
     """One known divergence and how it showed in each release."""
 
-    pattern: str
+    id: str
     reason: str
     link: str
-    releases: str  # the entry's recorded range
-    showing: list[Showing]
+    releases: str  # the record's range
+    showing: list[Showing]  # by release, oldest first
+    fitted: str  # the range these runs give (harness.manifest.fit_range), or why none
 
 
 @dataclass
@@ -51,9 +49,11 @@ class ReleaseMap:
     rows: list[Row] = field(default_factory=list)
 
 
-def showing(entry: Entry, tests: list[TestResult]) -> Showing:
-    """How ``entry`` showed among one run's ``tests``."""
-    matched = [test for test in tests if entry.matches(test.nodeid)]
+def showing(divergence: Divergence, tests: list[TestResult]) -> Showing:
+    """How ``divergence`` showed among one run's ``tests``: its tests failed (expected there
+    or not), all passed (fixed there, or not yet broken), were not run (a skip record: a hang
+    or a crash the gate will not risk), or none of them ran."""
+    matched = [test for test in tests if divergence.matches(test.nodeid)]
     if not matched:
         return "-"
     if all(test.outcome == "skipped" for test in matched):
@@ -63,11 +63,11 @@ def showing(entry: Entry, tests: list[TestResult]) -> Showing:
     return "passes"
 
 
-def _run(requirement: str, results: GateResults, entries: list[Entry]) -> ReleaseRun:
+def _run(requirement: str, results: GateResults, divergences: list[Divergence]) -> ReleaseRun:
     unexplained = Counter(
         test.cause
         for test in results.tests
-        if test.is_failure and not any(entry.matches(test.nodeid) for entry in entries)
+        if test.is_failure and not any(d.matches(test.nodeid) for d in divergences)
     )
     target = results.target
     return ReleaseRun(
@@ -83,20 +83,34 @@ def _run(requirement: str, results: GateResults, entries: list[Entry]) -> Releas
     )
 
 
-def release_map(runs: list[tuple[str, GateResults]]) -> ReleaseMap:
-    """The map of ``runs`` (requirement, results), oldest release first."""
-    entries = parse(UPSTREAM_MANIFEST).entries
+def release_map(
+    runs: list[tuple[str, GateResults]], lifted: dict[str, GateResults] | None = None
+) -> ReleaseMap:
+    """The map of ``runs`` (requirement, results), oldest release first; ``lifted`` holds,
+    by requirement, a run of the skip records' tests with their skips lifted, which shows
+    how those divergences stand where the gate does not run them."""
+    lifted = lifted or {}
+    divergences = load(UPSTREAM_MANIFEST).divergences
     ordered = sorted(runs, key=lambda run: release_of(run[1].target.torch_version))
+    releases = [release_of(results.target.torch_version) for _, results in ordered]
+    shown = [
+        results.tests + (lifted[requirement].tests if requirement in lifted else [])
+        for requirement, results in ordered
+    ]
     return ReleaseMap(
-        runs=[_run(requirement, results, entries) for requirement, results in ordered],
+        runs=[_run(requirement, results, divergences) for requirement, results in ordered],
         rows=[
-            Row(
-                entry.pattern,
-                entry.reason,
-                entry.link,
-                entry.releases,
-                [showing(entry, results.tests) for _, results in ordered],
-            )
-            for entry in entries
+            _row(divergence, releases, [showing(divergence, tests) for tests in shown])
+            for divergence in divergences
         ],
+    )
+
+
+def _row(divergence: Divergence, releases: list[Version], showings: list[Showing]) -> Row:
+    try:
+        fitted = fit_range(dict(zip(releases, showings, strict=True)))
+    except ValueError as error:
+        fitted = f"none: {error}"
+    return Row(
+        divergence.id, divergence.reason, divergence.link, divergence.releases, showings, fitted
     )

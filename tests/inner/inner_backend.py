@@ -1,4 +1,4 @@
-"""Run with HARNESS_PRELOAD=gloo_relay_backend --backend gloo_relay: worlds on a backend
+"""Run with HARNESS_PRELOAD=gloo_relay_backend --world-backend gloo_relay: worlds on a backend
 registered out of tree, their subgroups and meshes included."""
 
 import pytest

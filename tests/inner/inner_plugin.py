@@ -117,7 +117,7 @@ def test_plain_guarded_by_pytest_timeout():
 
 @pytest.mark.world(2)
 def test_ranks_run_with_hash_seeds_of_their_own(world):
-    # The default --hash-seed 1: rank r runs with PYTHONHASHSEED 1 + r, so the ranks order a
+    # The default --world-hash-seed 1: rank r runs with PYTHONHASHSEED 1 + r, so the ranks order a
     # set of names each its own way, as a launcher's processes would.
     seeds = [None] * world.size
     dist.all_gather_object(seeds, os.environ.get("PYTHONHASHSEED"))

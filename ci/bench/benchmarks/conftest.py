@@ -100,9 +100,9 @@ def bench_world(request: pytest.FixtureRequest) -> Iterator[Any]:
         sys_path=list(sys.path), rootdir=str(config.rootpath), inifile=None, pg_timeout_s=600
     )
     spec = WorldSpec(
-        config.getoption("backend"),
+        config.getoption("world_backend"),
         config.getoption("bench_world_size"),
-        config.getoption("device"),
+        config.getoption("world_device"),
     )
     reason = spec.unavailable_reason()
     if reason is not None:
