@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.distributed._state_dict_utils import _offload_state_dict_to_cpu
 
-from ci.mutation.mutants import STAGER, STAGING, THREAD_CHECKPOINTER, mutant_maker
+from ci.mutation.mutants._mutant import STAGER, STAGING, THREAD_CHECKPOINTER, mutant_maker
 
 Fn = Callable[..., Any]
 SAVES = "conformance/test_async_saves.py"

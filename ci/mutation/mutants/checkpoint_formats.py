@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ci.mutation.mutants import FORMAT_UTILS, HF_STORAGE, mutant_maker
+from ci.mutation.mutants._mutant import FORMAT_UTILS, HF_STORAGE, mutant_maker
 
 Fn = Callable[..., Any]
 CONVERSIONS = "conformance/test_format_conversions.py"

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
-from ci.mutation.mutants import DEFAULT_PLANNER, PLANNER_HELPERS, mutant_maker
+from ci.mutation.mutants._mutant import DEFAULT_PLANNER, PLANNER_HELPERS, mutant_maker
 
 Fn = Callable[..., Any]
 PLACEMENTS = "conformance/test_dcp_placements.py"

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import _IncompatibleKeys
 
-from ci.mutation.mutants import CHECKPOINT_STATE_DICT, mutant_maker
+from ci.mutation.mutants._mutant import CHECKPOINT_STATE_DICT, mutant_maker
 
 Fn = Callable[..., Any]
 GET_SET = "conformance/test_get_set_state_dict.py"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ci.mutation.mutants import FSDP_OPTIM_UTILS, mutant_maker
+from ci.mutation.mutants._mutant import FSDP_OPTIM_UTILS, mutant_maker
 from ci.mutation.mutants._trees import map_leaves, rows_shifted
 
 Fn = Callable[..., Any]

@@ -9,7 +9,7 @@ import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
-from ci.mutation.mutants import FSDP_STATE_DICT_UTILS, mutant_maker
+from ci.mutation.mutants._mutant import FSDP_STATE_DICT_UTILS, mutant_maker
 from ci.mutation.mutants._trees import rows_shifted
 
 Fn = Callable[..., Any]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ci.mutation.mutants import STATE_DICT_UTILS, mutant_maker
+from ci.mutation.mutants._mutant import STATE_DICT_UTILS, mutant_maker
 from ci.mutation.mutants._trees import get_path, map_leaves, rows_shifted, tensor_paths, with_leaf
 
 Fn = Callable[..., Any]
