@@ -11,12 +11,13 @@ operation's peak memory on a rank.
 from __future__ import annotations
 
 from harness._context import WorldContext
+from harness._messages import TestRequest
 from harness._outcome import WorldOutcome
 from harness._pool import WorldPool
 from harness._preload import import_preloads
 from harness._spec import WorldSpec
 from harness._torchrun import launched_by_torchrun
-from harness._world import TestRequest, World, WorldSettings, WorldStartError
+from harness._world import World, WorldSettings, WorldStartError
 
 __all__ = [
     "TestRequest",

@@ -6,7 +6,9 @@ each is a small frozen dataclass so both sides agree on the fields.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness._spec import WorldSpec
 from harness.outcomes import RankStatus
@@ -17,7 +19,6 @@ class Init:
     """Controller → rank, once: join the world."""
 
     spec: WorldSpec
-    rank: int
     store_host: str
     store_port: int
     sys_path: list[str]
@@ -43,8 +44,12 @@ class InitFailed:
 
 
 @dataclass(frozen=True)
-class TestCall:
-    """Controller → rank: run one test body."""
+class TestRequest:
+    """Controller → rank: run one test body, where it lives, with which arguments.
+
+    The arguments travel pickled apart (``of`` pickles them once): a rank unpickles them
+    only after it has imported the test module through pytest's assertion rewriting, since
+    they may be objects of classes that module defines."""
 
     __test__ = False  # not a pytest test class
 
@@ -53,6 +58,20 @@ class TestCall:
     qualname: str
     params: bytes  # pickled dict of parametrize arguments
     tmp_path: str  # created on first use by whichever rank needs it
+    timeout_s: float  # the controller's deadline for every rank's result
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        module_name: str,
+        module_path: str,
+        qualname: str,
+        params: dict[str, Any],
+        tmp_path: str,
+        timeout_s: float,
+    ) -> TestRequest:
+        return cls(module_name, module_path, qualname, pickle.dumps(params), tmp_path, timeout_s)
 
 
 @dataclass(frozen=True)

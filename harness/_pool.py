@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from harness._messages import TestRequest
 from harness._outcome import WorldOutcome, describe_exit
 from harness._spec import WorldSpec
-from harness._world import TestRequest, World, WorldSettings
+from harness._world import World, WorldSettings
 
 
 class WorldPool:

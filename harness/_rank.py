@@ -33,11 +33,18 @@ from harness.outcomes import RankStatus
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
-def _join_world(init: msg.Init) -> None:
+def _export_launcher_variables(init: msg.Init, rank: int) -> None:
+    """Give code that reads a launcher's variables (preloads, torch) this rank's, from the
+    one message that says what the world is (spawned worlds live on one node)."""
+    size = str(init.spec.size)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=size, LOCAL_WORLD_SIZE=size)
+
+
+def _join_world(init: msg.Init, rank: int) -> None:
     """Initialise the default process group through the controller's store."""
     import torch.distributed as dist
 
-    devices.bind(init.spec.device_type, init.rank)  # spawned worlds live on one node
+    devices.bind(init.spec.device_type, rank)  # spawned worlds live on one node
     store = dist.TCPStore(
         init.store_host,
         init.store_port,
@@ -48,7 +55,7 @@ def _join_world(init: msg.Init) -> None:
     dist.init_process_group(
         init.spec.backend,
         store=store,
-        rank=init.rank,
+        rank=rank,
         world_size=init.spec.size,
         timeout=timedelta(seconds=init.pg_timeout_s),
     )
@@ -135,13 +142,14 @@ def _world_collectives() -> int | None:
 class RankLoop:
     """One rank's side of the controller conversation."""
 
-    def __init__(self, conn: Connection, init: msg.Init) -> None:
+    def __init__(self, conn: Connection, init: msg.Init, rank: int) -> None:
         from harness import _rank_pytest
 
         self.conn = conn
         self.init = init
+        self.rank = rank
         self.config = _rank_pytest.make_config(init.rootdir, init.inifile, init.verbosity)
-        self.capture = FdCapture(os.environ[WORLD_DIR], init.rank)
+        self.capture = FdCapture(os.environ[WORLD_DIR], rank)
         _rank_pytest.install_assertion_explanations(self.config)
 
     def run_forever(self) -> None:
@@ -151,15 +159,15 @@ class RankLoop:
                 return
             self.conn.send(self.run_test(message))
 
-    def run_test(self, call: msg.TestCall) -> msg.RankResult:
+    def run_test(self, call: msg.TestRequest) -> msg.RankResult:
         import torch
 
         from harness import _rank_pytest
 
         world = WorldContext(
             spec=self.init.spec,
-            rank=self.init.rank,
-            local_rank=self.init.rank,
+            rank=self.rank,
+            local_rank=self.rank,
             shared_dir=Path(call.tmp_path),
             launcher="spawn",
         )
@@ -184,7 +192,7 @@ class RankLoop:
             finally:
                 torch.set_default_dtype(default_dtype)
         return msg.RankResult(
-            rank=self.init.rank,
+            rank=self.rank,
             status=status,
             longrepr=text,
             pg_count=_reset_between_tests(),
@@ -212,10 +220,11 @@ def main() -> None:
     conn = _connect(rank)
     init: msg.Init = conn.recv()
     sys.path[:] = init.sys_path
+    _export_launcher_variables(init, rank)
     try:
         import_preloads()
-        _join_world(init)
-        loop = RankLoop(conn, init)
+        _join_world(init, rank)
+        loop = RankLoop(conn, init, rank)
     except BaseException:
         conn.send(msg.InitFailed(rank=rank, traceback=traceback.format_exc()))
         raise

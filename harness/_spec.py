@@ -12,20 +12,29 @@ class WorldSpec:
     """A world of ``size`` rank processes joined by one ``backend`` process group.
 
     Ranks are bound to ``<device_type>:<local_rank>`` (CPU worlds keep their tensors in host
-    memory). Either name may be ``auto`` (the default for the device type), resolved against
-    the torch build on construction (``harness.devices``), which imports torch.
+    memory). The names are the build's own, resolved once: by the plugin's options for a
+    session, by ``WorldSpec.resolve`` for anyone holding ``auto``.
     """
 
     backend: str
     size: int
-    device_type: str = devices.AUTO
+    device_type: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.size!r}")
-        backend, device_type = devices.resolve(self.backend, self.device_type)
-        object.__setattr__(self, "backend", backend)
-        object.__setattr__(self, "device_type", device_type)
+        if devices.AUTO in (self.backend, self.device_type):
+            raise ValueError(
+                f"a WorldSpec takes resolved names, got {self.backend}/{self.device_type}: "
+                "WorldSpec.resolve resolves auto"
+            )
+
+    @classmethod
+    def resolve(cls, backend: str, size: int, device_type: str = devices.AUTO) -> WorldSpec:
+        """The spec of these names, ``auto`` resolved against the torch build (which imports
+        torch); a name the build lacks is a ValueError that lists what it has."""
+        backend, device_type = devices.resolve(backend, device_type)
+        return cls(backend, size, device_type)
 
     @property
     def label(self) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import queue
 import secrets
 import shutil
@@ -62,20 +61,6 @@ class WorldSettings:
     def __post_init__(self) -> None:
         if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
             raise ValueError("world timeouts must be positive")
-
-
-@dataclass(frozen=True)
-class TestRequest:
-    """One test for a world to run: where its body lives and with which arguments."""
-
-    __test__ = False  # not a pytest test class
-
-    module_name: str
-    module_path: str
-    qualname: str
-    params: dict[str, Any]
-    tmp_path: str
-    timeout_s: float
 
 
 class _RankProcess:
@@ -129,7 +114,7 @@ class World:
             self._accept(listener)
         for proc in self._ranks:
             assert proc.conn is not None
-            proc.conn.send(self._init_message(proc.rank))
+            proc.conn.send(self._init_message())
         self._await_ready()
 
     def _spawn(self, rank: int, address: str, authkey: bytes) -> _RankProcess:
@@ -160,10 +145,6 @@ class World:
                 _env.CONTROLLER_ADDRESS: address,
                 _env.RANK: str(rank),
                 _env.WORLD_DIR: str(self.dir),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(self.spec.size),
-                "LOCAL_WORLD_SIZE": str(self.spec.size),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -173,10 +154,9 @@ class World:
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
-    def _init_message(self, rank: int) -> msg.Init:
+    def _init_message(self) -> msg.Init:
         return msg.Init(
             spec=self.spec,
-            rank=rank,
             store_host=LOOPBACK,
             store_port=self._store.port,
             sys_path=self.settings.sys_path,
@@ -283,16 +263,9 @@ class World:
 
     # ----- running a test --------------------------------------------------
 
-    def run(self, request: TestRequest) -> WorldOutcome:
+    def run(self, request: msg.TestRequest) -> WorldOutcome:
         """Run one test body on every rank and collect how each ended."""
-        call = msg.TestCall(
-            module_name=request.module_name,
-            module_path=request.module_path,
-            qualname=request.qualname,
-            params=pickle.dumps(request.params),
-            tmp_path=request.tmp_path,
-        )
-        message = ForkingPickler.dumps(call)  # pickled once for every rank
+        message = ForkingPickler.dumps(request)  # pickled once for every rank
         results: dict[int, msg.RankResult] = {}
         for proc in self._ranks:
             assert proc.conn is not None

@@ -8,7 +8,7 @@ from harness import WorldOutcome, WorldSpec
 from harness._messages import RankResult
 from harness._outcome import describe_exception, describe_exit
 
-SPEC = WorldSpec("gloo", 3)
+SPEC = WorldSpec("gloo", 3, "cpu")
 
 
 def outcome(*statuses: str, pg_counts: tuple[int, ...] = (0, 0, 0)) -> WorldOutcome:

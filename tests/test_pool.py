@@ -46,7 +46,7 @@ def run_with_notes(
 ) -> tuple[dict[int, int], list[str]]:
     """Run a pid-reporting body; return each rank's pid and the outcome's notes."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    request = TestRequest(
+    request = TestRequest.of(
         module_name="inner_pool_bodies",
         module_path=str(BODIES),
         qualname=body,
@@ -72,8 +72,8 @@ def wait_until_dead(pid: int) -> None:
         time.sleep(0.01)
 
 
-ONE = WorldSpec("gloo", 1)
-TWO = WorldSpec("gloo", 2)
+ONE = WorldSpec("gloo", 1, "cpu")
+TWO = WorldSpec("gloo", 2, "cpu")
 
 
 def test_max_alive_one_closes_the_previous_world(
@@ -96,8 +96,8 @@ def test_least_recently_used_world_is_evicted(
     run(pool, TWO, tmp_path / "b")
     assert run(pool, ONE, tmp_path / "c") == one  # reused, and now most recent
     assert pool.alive() == [TWO, ONE]
-    run(pool, WorldSpec("gloo", 3), tmp_path / "d")
-    assert pool.alive() == [ONE, WorldSpec("gloo", 3)]
+    run(pool, WorldSpec("gloo", 3, "cpu"), tmp_path / "d")
+    assert pool.alive() == [ONE, WorldSpec("gloo", 3, "cpu")]
     assert pool.spawned == 3
 
 

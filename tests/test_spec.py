@@ -8,10 +8,15 @@ import torch
 from harness import WorldContext, WorldSpec
 
 
-def test_defaults_device_type_from_backend() -> None:
-    assert WorldSpec("gloo", 2).device_type == "cpu"
-    assert WorldSpec("nccl", 2).device_type == "cuda"
-    assert WorldSpec("gloo", 4, "cuda").label == "gloo/cuda x4"
+def test_resolving_defaults_the_device_type_from_the_backend() -> None:
+    assert WorldSpec.resolve("gloo", 2).device_type == "cpu"
+    assert WorldSpec.resolve("nccl", 2).device_type == "cuda"
+    assert WorldSpec.resolve("gloo", 4, "cuda").label == "gloo/cuda x4"
+
+
+def test_a_spec_takes_names_already_resolved() -> None:
+    with pytest.raises(ValueError, match=r"WorldSpec\.resolve resolves auto"):
+        WorldSpec("gloo", 2, "auto")
 
 
 @pytest.mark.parametrize(
@@ -25,11 +30,11 @@ def test_defaults_device_type_from_backend() -> None:
 )
 def test_invalid_specs_are_refused(args: tuple[object, ...], error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        WorldSpec(*args)  # type: ignore[arg-type]
+        WorldSpec.resolve(*args)  # type: ignore[arg-type]
 
 
 def test_gloo_cpu_world_is_available_here() -> None:
-    assert WorldSpec("gloo", 4).unavailable_reason() is None
+    assert WorldSpec("gloo", 4, "cpu").unavailable_reason() is None
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has GPUs")
@@ -41,14 +46,16 @@ def test_cuda_world_without_enough_gpus_says_how_many_it_needs() -> None:
 
 @pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="this torch has NCCL")
 def test_nccl_world_without_nccl_says_so() -> None:
-    assert WorldSpec("nccl", 1).unavailable_reason() == "this torch build has no nccl backend"
+    assert WorldSpec("nccl", 1, "cuda").unavailable_reason() == (
+        "this torch build has no nccl backend"
+    )
 
 
 def context(size: int) -> WorldContext:
     from pathlib import Path
 
     return WorldContext(
-        WorldSpec("gloo", size), rank=0, local_rank=0, shared_dir=Path("."), launcher="spawn"
+        WorldSpec("gloo", size, "cpu"), rank=0, local_rank=0, shared_dir=Path("."), launcher="spawn"
     )
 
 

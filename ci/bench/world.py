@@ -30,7 +30,7 @@ def run_timed(world: Any, body: Callable[..., None], params: dict[str, Any], tmp
     from harness import TestRequest
 
     module_path = inspect.getfile(body)
-    request = TestRequest(
+    request = TestRequest.of(
         module_name=f"bench_bodies_{Path(module_path).stem}",
         module_path=module_path,
         qualname=body.__qualname__,

@@ -99,7 +99,7 @@ def bench_world(request: pytest.FixtureRequest) -> Iterator[Any]:
     settings = WorldSettings(
         sys_path=list(sys.path), rootdir=str(config.rootpath), inifile=None, pg_timeout_s=600
     )
-    spec = WorldSpec(
+    spec = WorldSpec.resolve(
         config.getoption("world_backend"),
         config.getoption("bench_world_size"),
         config.getoption("world_device"),

@@ -1,0 +1,149 @@
+"""Spawn mode: the controller starts worlds of rank processes, keeps them across tests, and
+runs each world test's body in them; the test's outcome is the world's agreed verdict."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import outcomes
+from harness._items import ALONE_MARKER, deadline, failure_properties
+from harness._messages import TestRequest
+from harness._options import WorldOptions
+from harness._outcome import WorldOutcome
+from harness._pool import WorldPool
+from harness._spec import WorldSpec
+from harness._world import WorldSettings, WorldStartError
+
+
+@dataclass(frozen=True)
+class WorldTicket:
+    """The ``world`` fixture's value in the controller: the body runs in the world."""
+
+    spec: WorldSpec
+    tmp_path: Path
+
+
+class WorldRespawnedWarning(pytest.PytestWarning):
+    """A world died between tests (a rank exited after its last result) and was replaced."""
+
+
+class SpawnMode:
+    """World tests run in worlds this controller spawns and reuses."""
+
+    def __init__(self, options: WorldOptions, config: pytest.Config) -> None:
+        self.options = options
+        settings = WorldSettings(
+            sys_path=list(sys.path),
+            rootdir=str(config.rootpath),
+            inifile=str(config.inipath) if config.inipath else None,
+            verbosity=config.get_verbosity(),
+            pg_timeout_s=2 * options.timeout_s + 60,
+            hash_seed=options.hash_seed,
+        )
+        self.pool = WorldPool(settings, max_alive=options.max_worlds)
+        self._worlds_tmp: Path | None = None  # parent of world tests' shared tmp_paths
+
+    def sizes(self) -> set[int] | None:
+        return set(self.options.sizes) if self.options.sizes else None
+
+    def fixture(self, request: pytest.FixtureRequest, size: int) -> WorldTicket:
+        if self._worlds_tmp is None:  # looked up once: a fixture lookup per test costs
+            basetemp = request.getfixturevalue("tmp_path_factory").getbasetemp()
+            self._worlds_tmp = basetemp / "worlds"
+        spec = WorldSpec(self.options.backend, size, self.options.device_type)
+        return WorldTicket(spec=spec, tmp_path=self._worlds_tmp / safe_name(request.node.nodeid))
+
+    def run_body(self, item: pytest.Function) -> bool | None:
+        ticket = item.funcargs.get("world")
+        if not isinstance(ticket, WorldTicket):
+            return None
+        reason = ticket.spec.unavailable_reason()
+        if reason is not None:
+            if self.options.require_devices:
+                pytest.fail(f"{reason} (--world-require-devices)", pytrace=False)
+            pytest.skip(reason)
+        request = _request(item, ticket, deadline(item, self.options))
+        alone = item.get_closest_marker(ALONE_MARKER) is not None
+        try:
+            outcome = self.pool.run(ticket.spec, request, alone=alone)
+        except WorldStartError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        _report(item, outcome)
+        return True
+
+    @contextlib.contextmanager
+    def watch(self, item: pytest.Item) -> Iterator[None]:
+        yield  # the world's deadline watches the body
+
+    def agree(
+        self, item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]
+    ) -> pytest.TestReport:
+        return report  # the report already holds every rank's verdict
+
+    def session_finishing(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def safe_name(nodeid: str) -> str:
+    """A directory name for a test id."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)[-120:]
+
+
+def _body_params(item: pytest.Function) -> dict[str, Any]:
+    """The parametrize arguments the body takes; other fixtures cannot cross to ranks."""
+    params = item.callspec.params
+    names = [n for n in inspect.signature(item.obj).parameters if n not in ("self", "world")]
+    foreign = [n for n in names if n not in params]
+    if foreign:
+        pytest.fail(
+            f"world test bodies run on the ranks and receive only `world` and parametrize "
+            f"arguments; {item.name} also asks for fixture(s): {', '.join(foreign)}",
+            pytrace=False,
+        )
+    return {n: params[n] for n in names}
+
+
+def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> TestRequest:
+    qualname = (
+        item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
+    )
+    return TestRequest.of(
+        module_name=item.module.__name__,
+        module_path=str(item.module.__file__),
+        qualname=qualname,
+        params=_body_params(item),
+        tmp_path=str(ticket.tmp_path),
+        timeout_s=timeout_s,
+    )
+
+
+def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
+    """Turn the world's outcome into this item's pytest outcome."""
+    for note in outcome.notes:
+        warnings.warn(WorldRespawnedWarning(note), stacklevel=1)
+    for rank, streams in sorted(outcome.captures.items()):
+        for stream, text in streams.items():
+            if text:
+                item.add_report_section("call", f"{stream} (rank {rank})", text)
+    verdict = outcome.verdict
+    if verdict == outcomes.SKIPPED:
+        # Reported at the test's location, as a skip raised in the body would be.
+        raise pytest.skip.Exception(outcome.reason, _use_item_location=True)
+    if verdict == outcomes.XFAILED:
+        pytest.xfail(outcome.reason)
+    if verdict != outcomes.PASSED:
+        item.user_properties.extend(failure_properties(outcome))
+        pytest.fail(outcome.failure_report(), pytrace=False)
