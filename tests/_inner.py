@@ -107,3 +107,22 @@ def start_session(
         timeout=300,
         check=False,
     )
+
+
+def collect_conformance(*args: str) -> list[str]:
+    """The test ids ``pytest conformance --collect-only`` lists with ``args`` (every world size
+    its tests ask for unless ``args`` choose), no API hidden from the suite."""
+    from ci.gate.target import SUITE_ROOT
+
+    env = {**os.environ, "GATE_TEST_MISSING_APIS": ""}
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "--collect-only", "-q", *args],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    return [line for line in completed.stdout.splitlines() if "::" in line]

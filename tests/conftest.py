@@ -1,8 +1,5 @@
 """The project's own tests: pytester drives inner sessions of the world plugin."""
 
-import subprocess
-import sys
-
 import pytest
 
 # pytester's in-process runs forget modules first imported during the run,
@@ -22,15 +19,6 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 @pytest.fixture(scope="session")
 def conformance_ids() -> list[str]:
     """Every test id the conformance suite collects, at every world size its tests ask for."""
-    from ci.gate.target import SUITE_ROOT
+    from tests._inner import collect_conformance
 
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--collect-only", "-q"],
-        cwd=SUITE_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
-    return [line for line in completed.stdout.splitlines() if "::" in line]
+    return collect_conformance()

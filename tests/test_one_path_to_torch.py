@@ -17,6 +17,7 @@ import torch
 from ci.gate.target import SUITE_ROOT
 from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import fsdp, fully_shard_on, with_parameters
+from tests._inner import collect_conformance
 
 # Under judgement: every submodule of torch.distributed and torch.nn.parallel. The core
 # ``torch.distributed`` (process groups, collectives) is the ground the harness stands on.
@@ -100,23 +101,9 @@ def test_the_suite_imports_no_judged_torch_api() -> None:
     assert not found, "look these up through conformance._upstream:\n" + "\n".join(found)
 
 
-def _collect(*extra: str, missing: str = "") -> list[str]:
-    env = {**os.environ, "GATE_TEST_MISSING_APIS": missing}
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--collect-only", "-q", *extra],
-        cwd=SUITE_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
-    return [line for line in completed.stdout.splitlines() if "::" in line]
-
-
 def test_a_build_without_any_judged_api_collects_the_whole_suite() -> None:
-    without = _collect("-p", "tests.inner.torch_without_apis")
-    assert without == _collect()
+    without = collect_conformance("-p", "tests.inner.torch_without_apis")
+    assert without == collect_conformance()
     assert len(without) > 1000
 
 

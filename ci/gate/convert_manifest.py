@@ -90,11 +90,9 @@ def unescaped(pattern: str, ids: Iterable[str]) -> list[str]:
         regex = "".join(
             f"({_class_regex(t)})" if i in seen else _token_regex(t) for i, t in enumerate(tokens)
         )
-        for nodeid in ids:
-            found = re.fullmatch(regex, nodeid)
+        for found in filter(None, (re.fullmatch(regex, nodeid) for nodeid in ids)):
             for group, index in enumerate(negated, start=1):
-                if found:
-                    seen[index].add(found[group])
+                seen[index].add(found[group])
         unresolved = [tokens[i] for i in negated if not seen[i]]
         if unresolved:
             raise SystemExit(
