@@ -19,7 +19,7 @@ from conformance._parallelisms import (
 from conformance._subworld import SubWorld
 from conformance._trajectory import Snapshot, Training, fresh_training, train_observed, unobserved
 from conformance._upstream import dsd, full_options
-from conformance.models.common import computed_on
+from conformance.models.common import GroundTruth, computed_on
 from conformance.models.zoo import MODELS
 
 MORE_STEPS = 2  # steps trained after a load
@@ -113,6 +113,23 @@ def assert_state_is_single_process(
     ``betas`` may come back as a list of the same values (FSDP1's load keeps the tuple), so
     both sides' sequences are compared as lists."""
     expected = MODELS[model_id].ground_truth(steps, device, OPTIMIZERS[recipe])
+    assert_state_is(
+        model_state, optim_state, expected, full_load=full_load, held_by=held_by, **tolerance
+    )
+
+
+def assert_state_is(
+    model_state: dict[str, Any],
+    optim_state: dict[str, Any],
+    expected: GroundTruth,
+    *,
+    full_load: bool = False,
+    held_by: Any = None,
+    **tolerance: float,
+) -> None:
+    """A full model state dict and FQN-keyed optimizer state dict, nested or flattened, equal
+    ``expected`` (the part the model ``held_by`` holds, where given; ``full_load``: see
+    ``assert_state_is_single_process``)."""
     if held_by is not None:
         expected = expected.held_by(held_by)
     assert_state_dict_equal(model_state, expected.model, **tolerance)

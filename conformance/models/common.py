@@ -159,6 +159,21 @@ class GroundTruth:
             ],
         )
 
+    @classmethod
+    def of(cls, model: nn.Module, optimizer: torch.optim.Optimizer) -> GroundTruth:
+        """The state of a model trained in one process, on the CPU."""
+        names = {param: name for name, param in model.named_parameters()}
+        return cls(
+            model={key: _on_cpu(value) for key, value in model.state_dict().items()},
+            optimizer_state={
+                names[p]: {key: _on_cpu(value) for key, value in values.items()}
+                for p, values in optimizer.state.items()
+            },
+            param_groups=[
+                {**g, "params": [names[p] for p in g["params"]]} for g in optimizer.param_groups
+            ],
+        )
+
     @property
     def flattened_optimizer_state_dict(self) -> dict[str, Any]:
         """The optimizer state as ``flatten_optimizer_state_dict`` gives it, one key per value:
@@ -204,17 +219,7 @@ def ground_truth(
     else:
         optimizer, scheduler = recipe.build(model)
     train(model, optimizer, steps, scheduler, inputs=inputs)
-    names = {param: name for name, param in model.named_parameters()}
-    return GroundTruth(
-        model={key: _on_cpu(value) for key, value in model.state_dict().items()},
-        optimizer_state={
-            names[p]: {key: _on_cpu(value) for key, value in values.items()}
-            for p, values in optimizer.state.items()
-        },
-        param_groups=[
-            {**g, "params": [names[p] for p in g["params"]]} for g in optimizer.param_groups
-        ],
-    )
+    return GroundTruth.of(model, optimizer)
 
 
 def _on_cpu(value: Any) -> Any:

@@ -1,0 +1,164 @@
+"""``python -m ci.gate.golden --out DIR``: the golden set of the torch under test.
+
+Writes ``DIR/<release>/``: the checkpoints of ``ci/gate/_golden_writer.py`` (DCP, saved and
+asynchronously saved, from every parallelism family at 1, 2 and 4 ranks; FSDP1's FULL,
+SHARDED and LOCAL state dicts; one process's ``torch.save``) and ``record.json``: the
+release, torch's version and git hash, the suite's commit, every file's hash and every value
+each checkpoint holds. ``--index`` rewrites the table of the sets under ``DIR``
+(``README.md``). The gate loads every set under ``conformance/golden/`` (or
+``$GATE_GOLDEN_SETS``) into the build under test: ``conformance/test_golden_checkpoints.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ci.gate._golden_writer import ENTRIES, OUT_VARIABLE, RECIPE, STEPS
+from conformance._golden import RECORD, file_hash, golden_set, recorded_releases
+from conformance._resume import MORE_STEPS
+from harness.manifest import release_of
+
+SUITE_ROOT = Path(__file__).resolve().parents[2]
+WRITER = "ci/gate/_golden_writer.py"
+INDEX = "README.md"
+INDEX_HEADING = """# Golden checkpoints
+
+Each directory is the set one torch release wrote with `python -m ci.gate.golden --out
+conformance/golden` (gloo, CPU): the record names the release, torch's git hash and the
+suite's commit; the gate loads every set (`conformance/test_golden_checkpoints.py`). This
+table is generated: `python -m ci.gate.golden --out conformance/golden --index`.
+
+| release | torch | torch git | suite commit | written | checkpoints | not written |
+| --- | --- | --- | --- | --- | --- | --- |
+"""
+
+
+def suite_commit() -> str:
+    """The suite's git commit, ``+changes`` where the working tree differs from it."""
+    try:
+        head = _git("rev-parse", "HEAD")
+        changed = _git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + ("+changes" if changed else "")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=SUITE_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def skipped_tests(junit: Path) -> dict[str, str]:
+    """The writer's tests that skipped, each with its reason: checkpoints the set lacks."""
+    if not junit.is_file():
+        return {}
+    skipped = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        for skip in case.findall("skipped"):
+            skipped[case.get("name", "?")] = skip.get("message", "")
+    return skipped
+
+
+def assemble_record(target: Path, junit: Path, backend: str) -> dict[str, Any]:
+    """The set's record, from the entries the writer's ranks left and the files written."""
+    checkpoints = []
+    trajectory = {}
+    for entry_file in sorted((target / ENTRIES).glob("*.json")):
+        entry = json.loads(entry_file.read_text())
+        if "trajectory" in entry:
+            trajectory[entry["model"]] = entry.pop("trajectory")
+        written = target / entry["path"]
+        entry["files"] = {
+            file.relative_to(written).as_posix(): file_hash(file)
+            for file in sorted(written.rglob("*"))
+            if file.is_file()
+        }
+        checkpoints.append(entry)
+    return {
+        "release": target.name,
+        "torch_version": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "suite_commit": suite_commit(),
+        "written": datetime.date.today().isoformat(),
+        "backend": backend,
+        "recipe": RECIPE,
+        "steps": STEPS,
+        "more_steps": MORE_STEPS,
+        "checkpoints": checkpoints,
+        "skipped": skipped_tests(junit),
+        "trajectory": trajectory,
+    }
+
+
+def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
+    """Write the torch under test's set under ``out``; pytest's exit status."""
+    target = (out / str(release_of(torch.__version__))).resolve()
+    if target.exists() and any(target.iterdir()):
+        print(f"golden: {target} already holds a set; remove it to write it again", file=sys.stderr)
+        return 2
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        junit = Path(scratch) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", WRITER, "-p", "harness.plugin", "-q"]
+        command += ["-p", "no:cacheprovider", f"--junitxml={junit}", "--world-sizes", sizes]
+        command += ["--world-backend", backend, "--world-device", device]
+        env = os.environ | {OUT_VARIABLE: str(target)}
+        status = subprocess.run(command, cwd=SUITE_ROOT, env=env, check=False).returncode
+        if status != 0:
+            print(f"golden: the writer failed (pytest exit {status}); no record", file=sys.stderr)
+            return status
+        record = assemble_record(target, junit, backend)
+    shutil.rmtree(target / ENTRIES)
+    (target / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(
+        f"golden: {len(record['checkpoints'])} checkpoints of torch {torch.__version__} in {target}"
+    )
+    return 0
+
+
+def index_text(root: Path) -> str:
+    """The table of the sets under ``root``: who wrote each, and what it holds."""
+    rows = []
+    for release in recorded_releases(root):
+        found = golden_set(release, root)
+        rows.append(
+            f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
+            f"`{found.suite_commit[:12]}{'+' if '+' in found.suite_commit else ''}` | "
+            f"{found.written} | {len(found.checkpoints)} | {len(found.skipped)} |"
+        )
+    return INDEX_HEADING + "".join(f"{row}\n" for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.gate.golden", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="the directory of sets")
+    parser.add_argument("--world-sizes", default="1,2,4", help="the writers' world sizes")
+    parser.add_argument("--backend", default="gloo", help="the worlds' backend (gloo)")
+    parser.add_argument("--device", default="cpu", help="the worlds' device type (cpu)")
+    parser.add_argument(
+        "--index", action="store_true", help="only rewrite DIR/README.md, the table of sets"
+    )
+    args = parser.parse_args(argv)
+    if not args.index:
+        status = write_set(args.out, args.world_sizes, args.backend, args.device)
+        if status != 0:
+            return status
+    (args.out / INDEX).write_text(index_text(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

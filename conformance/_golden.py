@@ -1,0 +1,230 @@
+"""Golden checkpoints: sets of checkpoints a torch release wrote, and the record each is held to.
+
+A set lives in a directory named by the release that wrote it (``conformance/golden/2.13.0``,
+or any directory of sets named by ``GATE_GOLDEN_SETS``) and holds ``record.json``: the
+release, torch's version and git hash, the suite's commit, and for every checkpoint its
+files' hashes and every value it holds: for each key path the dtype, shape, hash of the bytes
+and first values of a tensor, or the value itself. ``python -m ci.gate.golden`` writes a set;
+``conformance/test_golden_checkpoints.py`` loads every set into the build under test and
+holds each loaded value to the record, bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from packaging.version import Version
+
+from conformance._held import every_rank, holds_a_part
+from conformance._upstream import dsd, full_options
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+SETS_VARIABLE = "GATE_GOLDEN_SETS"  # a directory of sets to read instead of GOLDEN_DIR
+RECORD = "record.json"
+FIRST_VALUES = 6  # first values of a tensor kept in the record, shown when one differs
+Kind = Literal["dcp", "fsdp1", "single"]
+KINDS: tuple[Kind, ...] = ("dcp", "fsdp1", "single")
+
+
+class GoldenError(ValueError):
+    """A set that cannot be read: missing, or a record that does not parse."""
+
+
+@dataclass(frozen=True)
+class GoldenCheckpoint:
+    """One checkpoint of a set: ``path`` (relative to the set) written by ``cell`` at ``size``
+    ranks. ``form``: a DCP checkpoint's saving mode (``sync``/``async``), an FSDP1 state-dict
+    kind (``full``/``sharded``/``local``), or ``torch.save`` for one process. ``flattened``:
+    its optimizer state was written flattened (``flatten_optimizer_state_dict``)."""
+
+    path: str
+    kind: Kind
+    cell: str
+    size: int
+    form: str
+    model: str
+    flattened: bool
+    files: dict[str, str]  # file path under ``path`` -> sha256 of its bytes
+    values: dict[str, Any]  # key path -> leaf record (``leaf_records``)
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> GoldenCheckpoint:
+        return cls(**{name: entry[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class GoldenSet:
+    """A release's set: where it lies, who wrote it, its checkpoints, and what it skipped."""
+
+    release: str
+    directory: Path
+    torch_version: str
+    torch_git: str
+    suite_commit: str
+    written: str  # the date it was written
+    recipe: str
+    steps: int  # the steps trained before every checkpoint
+    checkpoints: tuple[GoldenCheckpoint, ...]
+    skipped: dict[str, str] = field(default_factory=dict)  # writer test id -> why
+    # The single process's k + n steps: each step's full state by key path as leaf records.
+    trajectory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def of_kind(self, kind: Kind) -> list[GoldenCheckpoint]:
+        return [checkpoint for checkpoint in self.checkpoints if checkpoint.kind == kind]
+
+    def single(self, model: str) -> GoldenCheckpoint:
+        """The one-process ``torch.save`` checkpoint of the zoo's ``model``."""
+        for checkpoint in self.of_kind("single"):
+            if checkpoint.model == model:
+                return checkpoint
+        raise GoldenError(f"the set of {self.release} holds no single-process {model} state")
+
+    def disagreements(self) -> list[str]:
+        """Every file of the set that is missing, changed or not in the record."""
+        found: list[str] = []
+        recorded = {RECORD}
+        for checkpoint in self.checkpoints:
+            for name, digest in checkpoint.files.items():
+                relative = f"{checkpoint.path}/{name}"
+                recorded.add(relative)
+                file = self.directory / relative
+                if not file.is_file():
+                    found.append(f"{self.release}/{relative}: missing")
+                elif file_hash(file) != digest:
+                    found.append(f"{self.release}/{relative}: its bytes differ from the record")
+        for file in sorted(self.directory.rglob("*")):
+            relative = file.relative_to(self.directory).as_posix()
+            if file.is_file() and relative not in recorded:
+                found.append(f"{self.release}/{relative}: not in the record")
+        return found
+
+
+def sets_root() -> Path:
+    """The directory of sets the gate reads: ``GATE_GOLDEN_SETS``, else the committed ones."""
+    chosen = os.environ.get(SETS_VARIABLE)
+    return Path(chosen) if chosen else GOLDEN_DIR
+
+
+def recorded_releases(root: Path | None = None) -> list[str]:
+    """The releases with a set under ``root`` (default ``sets_root()``), oldest first."""
+    root = sets_root() if root is None else root
+    if not root.is_dir():
+        return []
+    found = [entry.name for entry in root.iterdir() if (entry / RECORD).is_file()]
+    return sorted(found, key=Version)
+
+
+def golden_set(release: str, root: Path | None = None) -> GoldenSet:
+    """The set ``release`` wrote, under ``root`` (default ``sets_root()``)."""
+    root = sets_root() if root is None else root
+    record = root / release / RECORD
+    if not record.is_file():
+        known = ", ".join(recorded_releases(root)) or "none"
+        raise GoldenError(f"no golden set of torch {release} under {root} (sets: {known})")
+    try:
+        data = json.loads(record.read_text())
+        return GoldenSet(
+            release=data["release"],
+            directory=record.parent,
+            torch_version=data["torch_version"],
+            torch_git=data["torch_git"],
+            suite_commit=data["suite_commit"],
+            written=data["written"],
+            recipe=data["recipe"],
+            steps=data["steps"],
+            checkpoints=tuple(GoldenCheckpoint.from_json(e) for e in data["checkpoints"]),
+            skipped=data.get("skipped", {}),
+            trajectory=data.get("trajectory", {}),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise GoldenError(f"{record}: not a golden record ({error!r})") from error
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leaf_records(tree: Any, path: str = "") -> dict[str, Any]:
+    """A state dict's leaves by key path (``a.b`` for mappings, ``a[0]`` for sequences, a tuple
+    and a list alike): a tensor as its dtype, shape, the hash of its bytes and its first
+    values; any other value as itself, made JSON (``repr`` where JSON has no form)."""
+    if isinstance(tree, Mapping):
+        leaves: dict[str, Any] = {}
+        for key, value in tree.items():
+            leaves.update(leaf_records(value, f"{path}.{key}" if path else str(key)))
+        return leaves
+    if isinstance(tree, (list, tuple)):
+        leaves = {}
+        for index, value in enumerate(tree):
+            leaves.update(leaf_records(value, f"{path}[{index}]"))
+        return leaves or {path: []}
+    if isinstance(tree, torch.Tensor):
+        local = tree.detach().cpu().contiguous()
+        digest = hashlib.sha256(local.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(f"{local.dtype}{list(local.shape)}".encode())
+        return {
+            path: {
+                "dtype": str(local.dtype),
+                "shape": list(local.shape),
+                "sha256": digest.hexdigest(),
+                "first": local.reshape(-1)[:FIRST_VALUES].tolist(),
+            }
+        }
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return {path: tree}
+    return {path: repr(tree)}
+
+
+def _shown(leaf: Any) -> str:
+    if _is_tensor(leaf):
+        return f"{leaf['dtype']} {leaf['shape']} starting {leaf['first']}"
+    return repr(leaf)
+
+
+def _is_tensor(leaf: Any) -> bool:
+    return isinstance(leaf, dict) and "sha256" in leaf
+
+
+def value_differences(
+    loaded: dict[str, Any], recorded: dict[str, Any], *, whole: bool, limit: int = 3
+) -> list[str]:
+    """Where leaf records of a loaded state differ from the record: each key with both values
+    (the first ``limit``). ``whole``: the loader holds every recorded key (else only those it
+    holds are compared). A tensor the record lacks differs; a hyper-parameter it lacks does
+    not: a later release's optimizer adds its new defaults to the groups it loads."""
+    keys = sorted(set(loaded) | set(recorded)) if whole else sorted(loaded)
+    found = []
+    for key in keys:
+        if key not in loaded:
+            found.append(f"{key}: absent after the load, recorded {_shown(recorded[key])}")
+        elif key not in recorded:
+            if _is_tensor(loaded[key]):
+                found.append(f"{key}: loaded {_shown(loaded[key])}, not in the record")
+        elif loaded[key] != recorded[key]:
+            found.append(f"{key}: loaded {_shown(loaded[key])}, recorded {_shown(recorded[key])}")
+    return found[:limit]
+
+
+def full_state_leaves(
+    model: Any, optimizer: Any, scheduler: Any, *, flatten: bool
+) -> dict[str, Any]:
+    """The leaf records (``leaf_records``) of the full model, optimizer and scheduler state as
+    ``get_state_dict`` gives them, the optimizer's flattened where ``flatten`` says; where each
+    rank holds a part of the model, the union of every rank's. Collective."""
+    options = full_options(flatten_optimizer_state_dict=True) if flatten else full_options()
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
+    state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
+    leaves = leaf_records(state)
+    if not holds_a_part(model):
+        return leaves
+    merged: dict[str, Any] = {}
+    for part in every_rank(leaves):
+        merged |= part
+    return merged

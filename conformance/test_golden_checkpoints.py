@@ -1,0 +1,252 @@
+"""Checkpoints written by other releases load into this build: every golden set, every value.
+
+A golden set (``conformance/golden/<release>/``, written by ``python -m ci.gate.golden``
+under that release; ``GATE_GOLDEN_SETS`` names another directory of sets) holds checkpoints
+of the matrix's model, AdamW and a StepLR scheduler after two steps, and the record of every
+value each holds. Loaded into fresh objects of this build:
+
+- each DCP checkpoint saved by every parallelism family at 1, 2 and 4 ranks by every family
+  at every world size it has: at the writer's own size and resharded to the others; each
+  asynchronously saved one by its writer at its size and by one process;
+- FSDP1's FULL state dicts at every size and into one process, its SHARDED and LOCAL state
+  dicts (model and optimizer, LOCAL the model alone) at the size that wrote them;
+- one process's ``torch.save`` of its model, optimizer and scheduler state.
+
+Every loaded value equals the record bit for bit (the part a rank holds, where ranks hold
+parts); two more steps then equal one process's two steps from the set's ``torch.save``
+state, in this build (within the tensor-parallel tolerances where a writer or reader is
+tensor-parallel). Loaded by the release that wrote it, one process's steps equal the
+recorded trajectory too: across releases an optimizer's arithmetic may change, which is
+no incompatibility of the checkpoint. A failure names the release that wrote the checkpoint,
+its path in the set, the key and both values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from conformance._dcp import load_checkpoint
+from conformance._fsdp1 import fsdp1_api, optim_settings, torch_model_load
+from conformance._golden import (
+    GoldenCheckpoint,
+    GoldenSet,
+    full_state_leaves,
+    golden_set,
+    recorded_releases,
+    value_differences,
+)
+from conformance._held import holds_a_part
+from conformance._optimizers import OPTIMIZERS
+from conformance._parallelisms import PARALLELISMS, comparison_tolerance
+from conformance._resume import MORE_STEPS, assert_state_is, training_in
+from conformance._trajectory import Training
+from conformance._upstream import dsd, fsdp, full_options, quiet_deprecations
+from conformance.models.common import GroundTruth, computed_on, train
+from conformance.models.zoo import MODELS
+from harness.manifest import release_of
+
+RELEASES = recorded_releases()
+DCP_READERS = ("single", "ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
+FSDP1_KINDS = ("full", "sharded", "local")
+
+
+def _reads_at(size: int, **params: Any) -> bool:
+    """``applies`` for the world marker: one process reads alone, a cell at its sizes."""
+    reader = params["reader"]
+    return size == 1 if reader == "single" else PARALLELISMS[reader].supports(size)
+
+
+def _holds_whole_model(reader: str, size: int) -> bool:
+    return reader == "single" or not (PARALLELISMS[reader].partial and size > 1)
+
+
+def _where(golden: GoldenSet, checkpoint: GoldenCheckpoint) -> str:
+    return f"{checkpoint.path} of the set torch {golden.torch_version} wrote"
+
+
+def _values_differ(
+    golden: GoldenSet, checkpoint: GoldenCheckpoint, training: Training, keys: str = ""
+) -> list[str]:
+    """How the state ``training`` holds after loading ``checkpoint`` differs from its record
+    (only key paths starting with ``keys``, where given)."""
+    model, optimizer, scheduler = training
+    loaded = full_state_leaves(model, optimizer, scheduler, flatten=checkpoint.flattened)
+    loaded = {key: leaf for key, leaf in loaded.items() if key.startswith(keys)}
+    recorded = {key: leaf for key, leaf in checkpoint.values.items() if key.startswith(keys)}
+    found = value_differences(loaded, recorded, whole=not holds_a_part(model))
+    return [f"{_where(golden, checkpoint)}: {difference}" for difference in found]
+
+
+def _single_state(golden: GoldenSet, model_id: str, device: torch.device) -> Training:
+    """One process's objects loaded from the set's ``torch.save`` state of ``model_id``, as
+    users load it (``weights_only``)."""
+    model = MODELS[model_id].build().to(device)
+    optimizer, scheduler = OPTIMIZERS[golden.recipe].build(model)
+    directory = golden.directory / golden.single(model_id).path
+
+    def read(name: str) -> Any:
+        return torch.load(directory / name, map_location=device, weights_only=True)
+
+    model.load_state_dict(read("model.pt"))
+    optimizer.load_state_dict(read("optim.pt"))
+    if scheduler is not None:
+        scheduler.load_state_dict(read("scheduler.pt"))
+    return model, optimizer, scheduler
+
+
+def _continue(training: Training, golden: GoldenSet, model_id: str) -> None:
+    model, optimizer, scheduler = training
+    inputs = MODELS[model_id].inputs
+    train(model, optimizer, MORE_STEPS, scheduler, start=golden.steps, inputs=inputs)
+
+
+_CONTINUATIONS: dict[tuple[str, str, str], GroundTruth] = {}
+
+
+def _continuation(golden: GoldenSet, model_id: str, device: torch.device) -> GroundTruth:
+    """One process's state ``MORE_STEPS`` after the set's ``torch.save`` state, in this
+    build: what every load of the set must continue to. Computed once per rank process."""
+    key = (str(golden.directory), model_id, str(device))
+    if key not in _CONTINUATIONS:
+        training = _single_state(golden, model_id, device)
+        _continue(training, golden, model_id)
+        _CONTINUATIONS[key] = GroundTruth.of(training[0], training[1])
+    return _CONTINUATIONS[key]
+
+
+def _continues_as_one_process(
+    golden: GoldenSet, checkpoint: GoldenCheckpoint, training: Training, reader: str
+) -> list[str]:
+    """Train ``MORE_STEPS`` after the load; how the full state differs from one process's."""
+    model, optimizer, _ = training
+    _continue(training, golden, checkpoint.model)
+    flat = {"flatten_optimizer_state_dict": True} if checkpoint.flattened else {}
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options(**flat))
+    cells = [PARALLELISMS[name] for name in (checkpoint.cell, reader) if name in PARALLELISMS]
+    expected = _continuation(golden, checkpoint.model, computed_on(model))
+    try:
+        assert_state_is(
+            model_state,
+            optim_state,
+            expected,
+            full_load=True,
+            held_by=model,
+            **comparison_tolerance(*cells),
+        )
+    except AssertionError as error:
+        return [f"{_where(golden, checkpoint)}, {MORE_STEPS} steps after the load: {error}"]
+    return []
+
+
+def _dcp_checkpoints_for(golden: GoldenSet, reader: str, size: int) -> list[GoldenCheckpoint]:
+    """The set's DCP checkpoints ``reader`` loads at ``size`` ranks: those of the model it
+    trains (one process trains any) in a form it reads (a cell whose ranks hold parts reads
+    flattened optimizer state alone; see ``conformance._dcp.training_state``); an asynchronously
+    saved one only by its writer at its size and by one process (its files are a saved one's,
+    saved by another path)."""
+    cell = PARALLELISMS.get(reader)
+    return [
+        checkpoint
+        for checkpoint in golden.of_kind("dcp")
+        if (cell is None or checkpoint.model == cell.model_id)
+        and (cell is None or checkpoint.flattened or not cell.partial)
+        and (
+            checkpoint.form == "sync"
+            or cell is None
+            or (checkpoint.cell, checkpoint.size) == (reader, size)
+        )
+    ]
+
+
+@pytest.mark.world(1, 2, 4, applies=_reads_at)
+@pytest.mark.parametrize("reader", DCP_READERS)
+@pytest.mark.parametrize("release", RELEASES)
+def test_golden_dcp_checkpoints_load_as_recorded(world, release, reader):
+    """Every DCP checkpoint of ``release``'s set that ``reader`` holds, loaded at this size."""
+    golden = golden_set(release)
+    if reader in PARALLELISMS:
+        PARALLELISMS[reader].skip_unless_runnable(world.device)
+    found: list[str] = []
+    for checkpoint in _dcp_checkpoints_for(golden, reader, world.size):
+        training = training_in(reader, world, golden.recipe, checkpoint.model)
+        model, optimizer, scheduler = training
+        path = str(golden.directory / checkpoint.path)
+        load_checkpoint(model, optimizer, path, scheduler=scheduler, flatten=checkpoint.flattened)
+        differ = _values_differ(golden, checkpoint, training)
+        found += differ or _continues_as_one_process(golden, checkpoint, training, reader)
+    assert not found, "\n".join(found)
+
+
+def _fsdp1_loaded(golden: GoldenSet, checkpoint: GoldenCheckpoint, world: Any) -> Training:
+    """Fresh FSDP1 objects (one process's at one rank) loaded from ``checkpoint``'s files:
+    rank 0's whole state for FULL, each rank's own else."""
+    rank_file = "rank0.pt" if checkpoint.form == "full" else f"rank{world.rank}.pt"
+    state = torch.load(
+        golden.directory / checkpoint.path / rank_file,
+        map_location=world.device,
+        weights_only=False,
+    )
+    reader = "single" if world.size == 1 else checkpoint.cell
+    model, optimizer, scheduler = training = training_in(reader, world, golden.recipe, "mlp")
+    if world.size == 1:
+        model.load_state_dict(state["model"])
+        dsd.set_optimizer_state_dict(model, optimizer, state["optim"], options=full_options())
+    else:
+        torch_model_load(model, state["model"], checkpoint.form)
+        if "optim" in state:
+            to_load = fsdp1_api("optim_state_dict_to_load")
+            with (
+                quiet_deprecations(),
+                fsdp.FullyShardedDataParallel.state_dict_type(
+                    model, *optim_settings(checkpoint.form)
+                ),
+            ):
+                optimizer.load_state_dict(to_load(model, optimizer, state["optim"]))
+    scheduler.load_state_dict(state["scheduler"])
+    return training
+
+
+@pytest.mark.world(1, 2, 4, applies=lambda size, kind, **_: size > 1 or kind == "full")
+@pytest.mark.parametrize("kind", FSDP1_KINDS)
+@pytest.mark.parametrize("release", RELEASES)
+def test_golden_fsdp1_state_dicts_load_as_recorded(world, release, kind):
+    """``release``'s FSDP1 state dicts of ``kind`` loaded at this size: FULL from any size,
+    SHARDED and LOCAL from this size. LOCAL holds no optimizer state: its model alone is held
+    to the record, and no training follows."""
+    golden = golden_set(release)
+    found: list[str] = []
+    for checkpoint in golden.of_kind("fsdp1"):
+        if checkpoint.form != kind or (kind != "full" and checkpoint.size != world.size):
+            continue
+        training = _fsdp1_loaded(golden, checkpoint, world)
+        if kind == "local":
+            found += _values_differ(golden, checkpoint, training, keys="model.")
+            continue
+        differ = _values_differ(golden, checkpoint, training)
+        reader = "single" if world.size == 1 else checkpoint.cell
+        found += differ or _continues_as_one_process(golden, checkpoint, training, reader)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.world(1)
+@pytest.mark.parametrize("model_id", ["mlp", "moe"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_golden_single_process_state_loads_as_recorded(world, release, model_id):
+    """One process's ``torch.save`` state of ``release``'s set, loaded with ``weights_only``:
+    its values, and (loaded by the release that wrote it) each step after it as recorded."""
+    golden = golden_set(release)
+    checkpoint = golden.single(model_id)
+    training = _single_state(golden, model_id, world.device)
+    found = _values_differ(golden, checkpoint, training)
+    assert not found, "\n".join(found)
+    if str(release_of(torch.__version__)) != release:
+        return
+    model, optimizer, scheduler = training
+    for step in range(golden.steps, golden.steps + MORE_STEPS):
+        train(model, optimizer, 1, scheduler, start=step, inputs=MODELS[model_id].inputs)
+        leaves = full_state_leaves(model, optimizer, scheduler, flatten=False)
+        differ = value_differences(leaves, golden.trajectory[model_id][step], whole=True)
+        assert not differ, f"{_where(golden, checkpoint)}, after step {step + 1}: {differ}"
