@@ -6,6 +6,7 @@ suite's own tests import its private modules directly.
 
 from __future__ import annotations
 
+from conformance import _golden as golden
 from conformance._divergences import UPSTREAM_MANIFEST, applied_manifests, judges_staleness
 from conformance._memory import PEAK_LOG
 from conformance._parallelisms import PARALLELISMS, Parallelism
@@ -23,6 +24,7 @@ __all__ = [
     "batch",
     "dcp",
     "dsd",
+    "golden",
     "judges_staleness",
     "lookup",
     "sdu",

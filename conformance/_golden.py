@@ -28,6 +28,14 @@ from conformance._upstream import dsd, full_options
 GOLDEN_DIR = Path(__file__).parent / "golden"
 SETS_VARIABLE = "GATE_GOLDEN_SETS"  # a directory of sets to read instead of GOLDEN_DIR
 RECORD = "record.json"
+# How a set is written: the writer's tests (run by ``python -m ci.gate.golden``) train
+# ``RECIPE`` ``STEPS`` steps and write under ``$OUT_VARIABLE``, each leaving its checkpoint's
+# entry under ``ENTRIES`` for ``assemble_record``.
+WRITER = Path(__file__).parent / "_golden_writer.py"
+OUT_VARIABLE = "GOLDEN_OUT"
+ENTRIES = ".entries"
+RECIPE = "adamw_step_lr"
+STEPS = 2
 FIRST_VALUES = 6  # first values of a tensor kept in the record, shown when one differs
 Kind = Literal["dcp", "fsdp1", "single"]
 KINDS: tuple[Kind, ...] = ("dcp", "fsdp1", "single")
@@ -121,6 +129,19 @@ def recorded_releases(root: Path | None = None) -> list[str]:
     return sorted(found, key=Version)
 
 
+def releases_to_load() -> list[str]:
+    """The releases whose sets the gate loads: refused where ``GATE_GOLDEN_SETS`` names a
+    directory holding none (a path mistyped would otherwise load nothing, and pass)."""
+    releases = recorded_releases()
+    chosen = os.environ.get(SETS_VARIABLE)
+    if chosen and not releases:
+        raise GoldenError(
+            f"{SETS_VARIABLE}={chosen} holds no golden set (<release>/{RECORD}, written by "
+            "python -m ci.gate.golden)"
+        )
+    return releases
+
+
 def golden_set(release: str, root: Path | None = None) -> GoldenSet:
     """The set ``release`` wrote, under ``root`` (default ``sets_root()``)."""
     root = sets_root() if root is None else root
@@ -149,6 +170,33 @@ def golden_set(release: str, root: Path | None = None) -> GoldenSet:
 
 def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assemble_record(target: Path, **about: Any) -> dict[str, Any]:
+    """The record of the set the writer left under ``target``: every entry its ranks left,
+    each with its files' hashes, ``about`` the set (who wrote it, what it skipped), the
+    single process's trajectories apart."""
+    checkpoints = []
+    trajectory = {}
+    for entry_file in sorted((target / ENTRIES).glob("*.json")):
+        entry = json.loads(entry_file.read_text())
+        if "trajectory" in entry:
+            trajectory[entry["model"]] = entry.pop("trajectory")
+        written = target / entry["path"]
+        entry["files"] = {
+            file.relative_to(written).as_posix(): file_hash(file)
+            for file in sorted(written.rglob("*"))
+            if file.is_file()
+        }
+        checkpoints.append(entry)
+    return {
+        "release": target.name,
+        "recipe": RECIPE,
+        "steps": STEPS,
+        "checkpoints": checkpoints,
+        "trajectory": trajectory,
+        **about,
+    }
 
 
 def leaf_records(tree: Any, path: str = "") -> dict[str, Any]:

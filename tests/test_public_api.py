@@ -126,6 +126,7 @@ def test_conformance_public_names() -> None:
         "batch",
         "dcp",
         "dsd",
+        "golden",
         "judges_staleness",
         "lookup",
         "sdu",

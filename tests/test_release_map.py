@@ -116,3 +116,77 @@ def test_a_skip_record_shows_by_its_run_with_the_skip_lifted() -> None:
         if row.id == "hang-given-an-fsdp2-model-s-own"
     ]
     assert unlifted.showing == ["not run", "not run"]
+
+
+def test_the_map_shows_which_golden_loads_fail_by_the_release_that_wrote_the_set() -> None:
+    golden = "conformance/test_golden_checkpoints.py::"
+    run = _results(
+        "2.15.0+cu132",
+        [
+            (
+                f"{golden}test_golden_dcp_checkpoints_load_as_recorded[w2-2.13.0a0+fork-ddp]",
+                "passed",
+            ),
+            (
+                f"{golden}test_golden_dcp_checkpoints_load_as_recorded[w4-2.13.0a0+fork-tp]",
+                "failed",
+            ),
+            (f"{golden}test_golden_fsdp1_state_dicts_load_as_recorded[w2-2.6.0-full]", "xfailed"),
+            (f"{golden}test_golden_single_process_state_loads_as_recorded[w1-2.6.0-mlp]", "passed"),
+            ("conformance/test_x.py::t[w2-2.6.0-a]", "failed"),
+        ],
+    )
+    (only,) = release_map([("torch==2.15.0", run)]).runs
+    assert [(g.written_by, g.checks, g.failed) for g in only.golden] == [
+        ("2.6.0", 2, [f"{golden}test_golden_fsdp1_state_dicts_load_as_recorded[w2-2.6.0-full]"]),
+        (
+            "2.13.0a0+fork",
+            2,
+            [f"{golden}test_golden_dcp_checkpoints_load_as_recorded[w4-2.13.0a0+fork-tp]"],
+        ),
+    ]
+    text = render.markdown(release_map([("torch==2.15.0", run)]))
+    assert (
+        "| 2.15.0 | 2.13.0a0+fork | 1 of 2 | "
+        "test_golden_dcp_checkpoints_load_as_recorded[w4-2.13.0a0+fork-tp] |"
+    ) in text
+
+
+def test_a_map_without_golden_checks_has_no_golden_section() -> None:
+    run = _results("2.15.0+cu132", [("conformance/test_x.py::t[w2]", "passed")])
+    table = release_map([("torch==2.15.0", run)])
+    assert table.runs[0].golden == []
+    assert "Golden checkpoints loaded" not in render.markdown(table)
+    assert "Golden checkpoints loaded" not in render.html(table)
+
+
+def test_golden_sets_reach_every_run_of_the_releases(monkeypatch, tmp_path: Path) -> None:
+    seen: list[dict[str, str]] = []
+
+    def fake_run(command: list[str], cwd: Path, env: dict[str, str], check: bool) -> None:
+        seen.append(env)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.delenv("GATE_GOLDEN_SETS", raising=False)
+    cli.run_gate("torch==2.15.0", "gloo4", tmp_path, tmp_path / "r", [], tmp_path / "sets")
+    cli.run_gate("torch==2.15.0", "gloo4", tmp_path, tmp_path / "r", [])
+    assert seen[0]["GATE_GOLDEN_SETS"] == str((tmp_path / "sets").resolve())
+    assert "GATE_GOLDEN_SETS" not in seen[1]
+
+
+def test_test_paths_after_the_separator_go_to_pytest_not_to_the_releases(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, list[str], Path | None]] = []
+
+    def fake_gate(
+        requirement: str, env: str, workdir: Path, report: Path, args: list[str], sets: Path | None
+    ) -> Path:
+        calls.append((requirement, args, sets))
+        return report / "results.json"  # left by no run: the map says so and exits 1
+
+    monkeypatch.setattr(cli, "run_gate", fake_gate)
+    argv = ["--golden-sets", str(tmp_path), "torch==2.13.0", "--no-lift-skips", "-x"]
+    argv += ["--out", str(tmp_path / "map"), "--", "conformance/test_golden_checkpoints.py"]
+    assert cli.main(argv) == 1
+    assert calls == [("torch==2.13.0", ["-x", "conformance/test_golden_checkpoints.py"], tmp_path)]

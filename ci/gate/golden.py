@@ -21,17 +21,13 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ci.gate._golden_writer import ENTRIES, OUT_VARIABLE, RECIPE, STEPS
-from conformance._golden import RECORD, file_hash, golden_set, recorded_releases
-from conformance._resume import MORE_STEPS
+from conformance import golden
 from harness.manifest import release_of
 
 SUITE_ROOT = Path(__file__).resolve().parents[2]
-WRITER = "ci/gate/_golden_writer.py"
 INDEX = "README.md"
 INDEX_HEADING = """# Golden checkpoints
 
@@ -72,37 +68,6 @@ def skipped_tests(junit: Path) -> dict[str, str]:
     return skipped
 
 
-def assemble_record(target: Path, junit: Path, backend: str) -> dict[str, Any]:
-    """The set's record, from the entries the writer's ranks left and the files written."""
-    checkpoints = []
-    trajectory = {}
-    for entry_file in sorted((target / ENTRIES).glob("*.json")):
-        entry = json.loads(entry_file.read_text())
-        if "trajectory" in entry:
-            trajectory[entry["model"]] = entry.pop("trajectory")
-        written = target / entry["path"]
-        entry["files"] = {
-            file.relative_to(written).as_posix(): file_hash(file)
-            for file in sorted(written.rglob("*"))
-            if file.is_file()
-        }
-        checkpoints.append(entry)
-    return {
-        "release": target.name,
-        "torch_version": torch.__version__,
-        "torch_git": torch.version.git_version,
-        "suite_commit": suite_commit(),
-        "written": datetime.date.today().isoformat(),
-        "backend": backend,
-        "recipe": RECIPE,
-        "steps": STEPS,
-        "more_steps": MORE_STEPS,
-        "checkpoints": checkpoints,
-        "skipped": skipped_tests(junit),
-        "trajectory": trajectory,
-    }
-
-
 def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
     """Write the torch under test's set under ``out``; pytest's exit status."""
     target = (out / str(release_of(torch.__version__))).resolve()
@@ -112,17 +77,25 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         junit = Path(scratch) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", WRITER, "-p", "harness.plugin", "-q"]
-        command += ["-p", "no:cacheprovider", f"--junitxml={junit}", "--world-sizes", sizes]
+        command = [sys.executable, "-m", "pytest", str(golden.WRITER), "-p", "harness.plugin"]
+        command += ["-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "--world-sizes", sizes]
         command += ["--world-backend", backend, "--world-device", device]
-        env = os.environ | {OUT_VARIABLE: str(target)}
+        env = os.environ | {golden.OUT_VARIABLE: str(target)}
         status = subprocess.run(command, cwd=SUITE_ROOT, env=env, check=False).returncode
         if status != 0:
             print(f"golden: the writer failed (pytest exit {status}); no record", file=sys.stderr)
             return status
-        record = assemble_record(target, junit, backend)
-    shutil.rmtree(target / ENTRIES)
-    (target / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        record = golden.assemble_record(
+            target,
+            torch_version=torch.__version__,
+            torch_git=torch.version.git_version,
+            suite_commit=suite_commit(),
+            written=datetime.date.today().isoformat(),
+            backend=backend,
+            skipped=skipped_tests(junit),
+        )
+    shutil.rmtree(target / golden.ENTRIES)
+    (target / golden.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(
         f"golden: {len(record['checkpoints'])} checkpoints of torch {torch.__version__} in {target}"
     )
@@ -132,8 +105,8 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
 def index_text(root: Path) -> str:
     """The table of the sets under ``root``: who wrote each, and what it holds."""
     rows = []
-    for release in recorded_releases(root):
-        found = golden_set(release, root)
+    for release in golden.recorded_releases(root):
+        found = golden.golden_set(release, root)
         rows.append(
             f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
             f"`{found.suite_commit[:12]}{'+' if '+' in found.suite_commit else ''}` | "

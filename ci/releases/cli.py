@@ -10,8 +10,11 @@ lands in ``OUT/runs/<name>/``. A second run there (``OUT/runs/<name>/lifted/``) 
 skips of the manifest: the tests skip records hold back run, each in a world of its own under
 a short deadline, so a hang fixed in a release shows as passing in the map
 (``--no-lift-skips`` leaves it out). ``REQUIREMENT=PATH`` takes a results file of an earlier
-run instead. Writes ``release-map.md``, ``.html`` and ``.json`` into ``--out``. The map is the
-record, not a verdict: it exits 0 once every run has left a results file, 1 otherwise.
+run instead. ``--golden-sets DIR`` has every run load the golden sets under ``DIR`` (a fork's,
+written by ``python -m ci.gate.golden``) instead of the committed ones, and the map shows which
+loads fail in each release. Writes ``release-map.md``, ``.html`` and ``.json`` into
+``--out``. The map is the record, not a verdict: it exits 0 once every run has left a results
+file, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
 from ci.releases import render
 from ci.releases.table import release_map
+from conformance import golden
 
 LIFT_SKIPS = "--manifest-lift-skips"  # the conformance conftest's option
 
@@ -46,15 +50,33 @@ def _recorded_run(spec: str) -> tuple[str, Path | None]:
 
 
 def run_gate(
-    requirement: str, env: str, workdir: Path, report: Path, pytest_args: list[str]
+    requirement: str,
+    env: str,
+    workdir: Path,
+    report: Path,
+    pytest_args: list[str],
+    golden_sets: Path | None = None,
 ) -> Path:
-    """The gate under ``requirement`` in its own tox environment; its results file."""
+    """The gate under ``requirement`` in its own tox environment (loading the golden sets under
+    ``golden_sets`` where given); its results file."""
     command = [sys.executable, "-m", "tox", "--workdir", str(workdir / slug(requirement))]
     command += ["-e", env, *(["--", *pytest_args] if pytest_args else [])]
     variables = {"TORCH_UNDER_TEST": requirement, "GATE_REPORT_DIR": str(report)}
+    if golden_sets is not None:
+        variables[golden.SETS_VARIABLE] = str(golden_sets.resolve())
     print(f"releases: {requirement}: {' '.join(command)}", flush=True)
     subprocess.run(command, cwd=SUITE_ROOT, env={**os.environ, **variables}, check=False)
     return report / "results.json"
+
+
+def _parse(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """This command's arguments, and pytest's: those after ``--`` (test paths among them,
+    which are no requirements) and options this command does not know."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, unknown = parser.parse_known_args(argv[:split])
+    return args, [*unknown, *argv[split + 1 :]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,14 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path(".tox-releases"))
     parser.add_argument("--out", type=Path, default=Path("release-map"))
     parser.add_argument(
+        "--golden-sets",
+        type=Path,
+        help="a directory of golden sets (python -m ci.gate.golden, e.g. a fork's) that every "
+        "run loads instead of the committed ones; the map shows which loads fail by release",
+    )
+    parser.add_argument(
         "--no-lift-skips",
         dest="lift_skips",
         action="store_false",
         help="leave out the second run of each release, of the skip records' tests with their "
         "skips lifted (each in a world of its own, a short deadline each)",
     )
-    args, pytest_args = parser.parse_known_args(argv)
-    pytest_args = [arg for arg in pytest_args if arg != "--"]
+    args, pytest_args = _parse(parser, sys.argv[1:] if argv is None else argv)
     out: Path = args.out.resolve()
     runs: list[tuple[str, GateResults]] = []
     lifted: dict[str, GateResults] = {}
@@ -82,14 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         requirement, recorded = _recorded_run(spec)
         workdir = args.workdir.resolve()
         report = out / "runs" / slug(requirement)
-        path = recorded or run_gate(requirement, args.env, workdir, report, pytest_args)
+        path = recorded or run_gate(
+            requirement, args.env, workdir, report, pytest_args, args.golden_sets
+        )
         if path.exists():
             runs.append((requirement, GateResults.load(path)))
         else:
             missing.append(requirement)
         if args.lift_skips and recorded is None:
             lifted_args = [*pytest_args, LIFT_SKIPS]
-            found = run_gate(requirement, args.env, workdir, report / "lifted", lifted_args)
+            found = run_gate(
+                requirement, args.env, workdir, report / "lifted", lifted_args, args.golden_sets
+            )
             if found.exists():
                 lifted[requirement] = GateResults.load(found)
             else:

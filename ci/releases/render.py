@@ -60,6 +60,28 @@ def _divergence_rows(release_map: ReleaseMap) -> tuple[list[str], list[list[str]
     return header, rows
 
 
+GOLDEN_LEGEND = (
+    "each golden set (a release's checkpoints, python -m ci.gate.golden) as the release of "
+    "each run loaded it: the load checks that failed, expected by a manifest or not"
+)
+
+
+def _golden_rows(release_map: ReleaseMap) -> list[list[str]]:
+    return [
+        [
+            run.release,
+            loads.written_by,
+            f"{len(loads.failed)} of {loads.checks}",
+            ", ".join(nodeid.partition("::")[2] for nodeid in loads.failed) or "all load",
+        ]
+        for run in release_map.runs
+        for loads in run.golden
+    ]
+
+
+GOLDEN_HEADER = ["loaded by", "written by", "failed", "which"]
+
+
 def _unexplained(release_map: ReleaseMap) -> list[list[str]]:
     return [
         [run.release, str(count), cause]
@@ -80,6 +102,10 @@ def markdown(release_map: ReleaseMap) -> str:
         if unexplained
         else ["None."]
     )
+    golden = _golden_rows(release_map)
+    if golden:
+        lines += ["", "## Golden checkpoints loaded", "", GOLDEN_LEGEND, ""]
+        lines += report_markdown.table(GOLDEN_HEADER, golden)
     return "\n".join(lines) + "\n"
 
 
@@ -99,8 +125,15 @@ def html(release_map: ReleaseMap) -> str:
         report_html.table(["release", "test ids", "cause"], unexplained)
         if unexplained
         else "<p>None.</p>",
-        "</body></html>",
     ]
+    golden = _golden_rows(release_map)
+    if golden:
+        parts += [
+            "<h2>Golden checkpoints loaded</h2>",
+            f"<p>{escape(GOLDEN_LEGEND)}</p>",
+            report_html.table(GOLDEN_HEADER, golden),
+        ]
+    parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 

@@ -6,6 +6,7 @@ Rendered by ``ci.releases.render``; made by ``python -m ci.releases``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -29,6 +30,17 @@ class ReleaseRun:
     totals: dict[str, int]
     not_applicable: int
     unexplained: list[tuple[str, int]]  # failures no entry expects: cause, test ids
+    golden: list[GoldenLoads] = field(default_factory=list)  # by the release that wrote a set
+
+
+@dataclass(frozen=True)
+class GoldenLoads:
+    """How one golden set loaded into a release: ``written_by`` wrote it; the load checks'
+    count and the ids that failed (``conformance/test_golden_checkpoints.py``)."""
+
+    written_by: str
+    checks: int
+    failed: list[str]
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,29 @@ def showing(divergence: Divergence, tests: list[TestResult]) -> Showing:
     return "passes"
 
 
+GOLDEN_CHECKS = "conformance/test_golden_checkpoints.py::"
+# A golden check's id: the world size, then the release that wrote the set it loads.
+_WRITTEN_BY = re.compile(r"\[w\d+-(?P<release>[^-\]]+)[-\]]")
+
+
+def golden_loads(tests: list[TestResult]) -> list[GoldenLoads]:
+    """The golden checks among one run's ``tests``, by the release that wrote each set: a
+    failure is an outcome the build did not meet, whether a manifest expected it or not."""
+    by_writer: dict[str, list[TestResult]] = {}
+    for test in tests:
+        found = _WRITTEN_BY.search(test.nodeid)
+        if test.nodeid.startswith(GOLDEN_CHECKS) and found is not None:
+            by_writer.setdefault(found["release"], []).append(test)
+    return [
+        GoldenLoads(
+            written_by,
+            len(checks),
+            [t.nodeid for t in checks if t.outcome in ("failed", "error", "xfailed")],
+        )
+        for written_by, checks in sorted(by_writer.items(), key=lambda item: Version(item[0]))
+    ]
+
+
 def _run(requirement: str, results: GateResults, divergences: list[Divergence]) -> ReleaseRun:
     unexplained = Counter(
         test.cause
@@ -80,6 +115,7 @@ def _run(requirement: str, results: GateResults, divergences: list[Divergence]) 
         totals=dict(results.totals()),
         not_applicable=sum(sum(by_size.values()) for by_size in results.not_applicable.values()),
         unexplained=unexplained.most_common(),
+        golden=golden_loads(results.tests),
     )
 
 

@@ -1,4 +1,5 @@
-"""The tests that write a golden set: ``python -m ci.gate.golden`` runs this module.
+"""The tests that write a golden set: ``python -m ci.gate.golden`` runs this module (it is no
+check of the gate, which collects ``test_*.py`` alone).
 
 Each test trains fresh objects of a cell ``STEPS`` steps (the matrix's model, AdamW and a
 StepLR scheduler) and writes one checkpoint under ``$GOLDEN_OUT``: DCP, saved and
@@ -22,7 +23,7 @@ import torch
 from conformance._dcp import training_state
 from conformance._divergences import applied_manifests
 from conformance._fsdp1 import fsdp1_api, torch_model_state_dict, under_optim_settings
-from conformance._golden import Kind, full_state_leaves
+from conformance._golden import ENTRIES, OUT_VARIABLE, RECIPE, STEPS, Kind, full_state_leaves
 from conformance._held import holds_a_part
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size
@@ -33,10 +34,6 @@ from conformance.models.common import train
 from conformance.models.zoo import MODELS
 from harness.manifest import resolve
 
-OUT_VARIABLE = "GOLDEN_OUT"
-ENTRIES = ".entries"  # rank 0's entry per checkpoint, gathered into the record
-RECIPE = "adamw_step_lr"
-STEPS = 2
 DCP_WRITERS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
 DCP_MODES = ("sync", "async")
 # FSDP1's state-dict kinds, each by the cell that writes it: LOCAL has no optimizer state dict

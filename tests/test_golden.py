@@ -1,0 +1,194 @@
+"""Golden sets: the committed ones agree with their records and cover the recorded releases;
+a set the build writes itself loads back into it through the gate's checks; a tampered tensor
+is named by the record and by the load; a missing release or set is named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ci.gate.golden import INDEX, index_text
+from ci.gate.target import SUITE_ROOT
+from conformance._divergences import UPSTREAM_MANIFEST
+from conformance._golden import (
+    GOLDEN_DIR,
+    SETS_VARIABLE,
+    GoldenError,
+    golden_set,
+    leaf_records,
+    recorded_releases,
+    value_differences,
+)
+from harness.manifest import load, release_of
+from tests._inner import Case, read_junit
+
+THIS_RELEASE = str(release_of(torch.__version__))
+COMMITTED = recorded_releases(GOLDEN_DIR)
+READER = "conformance/test_golden_checkpoints.py"
+
+
+def test_every_recorded_release_has_a_committed_set():
+    recorded = {str(release) for release in load(UPSTREAM_MANIFEST).recorded}
+    assert recorded <= set(COMMITTED), f"no golden set of {sorted(recorded - set(COMMITTED))}"
+
+
+@pytest.mark.parametrize("release", COMMITTED)
+def test_a_committed_set_agrees_with_its_record(release):
+    assert golden_set(release, GOLDEN_DIR).disagreements() == []
+
+
+def test_the_index_of_the_committed_sets_is_fresh():
+    assert (GOLDEN_DIR / INDEX).read_text() == index_text(GOLDEN_DIR), (
+        "conformance/golden/README.md is stale: python -m ci.gate.golden --out "
+        "conformance/golden --index"
+    )
+
+
+def test_a_missing_release_is_named_with_the_sets_there_are(tmp_path):
+    (tmp_path / "2.13.0").mkdir()
+    (tmp_path / "2.13.0" / "record.json").write_text("{}")
+    with pytest.raises(
+        GoldenError, match=r"no golden set of torch 9\.9\.9 under .* \(sets: 2\.13\.0\)"
+    ):
+        golden_set("9.9.9", tmp_path)
+    with pytest.raises(GoldenError, match=r"2\.13\.0/record\.json: not a golden record"):
+        golden_set("2.13.0", tmp_path)
+
+
+def test_leaf_records_hold_values_not_containers():
+    """A tuple and a list of the same values are the same leaves (a load may turn one into the
+    other); a tensor's dtype and every bit count."""
+    as_tuple = leaf_records({"betas": (0.9, 0.999), "w": torch.zeros(2)})
+    as_list = leaf_records({"betas": [0.9, 0.999], "w": torch.zeros(2)})
+    assert as_tuple == as_list
+    assert set(as_tuple) == {"betas[0]", "betas[1]", "w"}
+    negative_zero = leaf_records({"w": torch.tensor([0.0, -0.0])})
+    assert negative_zero["w"]["sha256"] != as_tuple["w"]["sha256"]
+    as_double = leaf_records({"w": torch.zeros(2, dtype=torch.float64)})
+    assert value_differences(as_double, as_tuple, whole=False) == [
+        "w: loaded torch.float64 [2] starting [0.0, 0.0], recorded torch.float32 [2] starting "
+        "[0.0, 0.0]"
+    ]
+
+
+def test_a_hyper_parameter_a_later_release_adds_is_no_difference():
+    recorded = leaf_records({"lr": 0.1, "w": torch.ones(1)})
+    loaded = leaf_records({"lr": 0.1, "w": torch.ones(1), "foreach": None, "extra": torch.ones(1)})
+    assert value_differences(loaded, recorded, whole=True) == [
+        "extra: loaded torch.float32 [1] starting [1.0], not in the record"
+    ]
+    assert value_differences({"w": loaded["w"]}, recorded, whole=True) == [
+        "lr: absent after the load, recorded 0.1"
+    ]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sets directory holding the set this build writes at one rank."""
+    root = tmp_path_factory.mktemp("sets")
+    command = [sys.executable, "-m", "ci.gate.golden", "--out", str(root), "--world-sizes", "1"]
+    completed = subprocess.run(command, cwd=SUITE_ROOT, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return root
+
+
+def test_the_writer_records_every_checkpoint_file_and_value(written):
+    golden = golden_set(THIS_RELEASE, written)
+    assert golden.disagreements() == []
+    assert golden.torch_version == torch.__version__
+    assert golden.torch_git == torch.version.git_version
+    written_paths = {checkpoint.path for checkpoint in golden.checkpoints}
+    families = ("ddp", "fsdp2", "pp", "ep")  # those that run at one rank
+    expected = {f"dcp/{cell}-w1-{mode}" for cell in families for mode in ("sync", "async")}
+    assert written_paths == expected | {"single/mlp", "single/moe"}
+    weight = golden.single("mlp").values["model.fc1.weight"]
+    assert (weight["dtype"], weight["shape"]) == ("torch.float32", [10, 7])
+    assert len(golden.trajectory["mlp"]) == golden.steps + 2
+    assert (written / INDEX).read_text() == index_text(written)
+
+
+def _gate_loads(root: Path, workdir: Path, *args: str) -> tuple[int, str, dict[str, Case]]:
+    """The gate's golden checks at one rank on the sets under ``root``."""
+    junit = workdir / "junit.xml"
+    command = [sys.executable, "-m", "pytest", READER, "-p", "harness.plugin", "-q"]
+    command += ["-p", "no:cacheprovider", "--world-sizes", "1", f"--junitxml={junit}", *args]
+    env = dict(os.environ, **{SETS_VARIABLE: str(root)})
+    env.pop("PYTEST_ADDOPTS", None)
+    completed = subprocess.run(
+        command, cwd=SUITE_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    cases = read_junit(junit) if junit.is_file() else {}
+    return completed.returncode, completed.stdout + completed.stderr, cases
+
+
+def test_the_gate_loads_a_set_its_own_build_wrote(written, tmp_path):
+    status, output, cases = _gate_loads(written, tmp_path)
+    assert status == 0, output[-4000:]
+    outcomes = {name: case.outcome for name, case in cases.items()}
+    readers = ("single", "ddp", "fsdp2", "pp", "ep")  # the DCP readers at one rank
+    expected = {
+        f"test_golden_dcp_checkpoints_load_as_recorded[w1-{THIS_RELEASE}-{reader}]": "passed"
+        for reader in readers
+    }
+    expected |= {
+        f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-{model}]": "passed"
+        for model in ("mlp", "moe")
+    }
+    # FSDP1 writes at 2 and 4 ranks only: a set written at one rank has no FULL state dict.
+    expected[f"test_golden_fsdp1_state_dicts_load_as_recorded[w1-{THIS_RELEASE}-full]"] = "skipped"
+    assert outcomes == expected
+
+
+def _tamper_torch_save(path: Path) -> None:
+    state = torch.load(path, weights_only=True)
+    state["fc1.weight"][0, 0] += 1.0
+    torch.save(state, path)
+
+
+def _tamper_dcp(path: Path, scratch: Path) -> None:
+    """One value of ``model.fc1.weight`` changed in a DCP checkpoint, rewritten as DCP."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    dcp_to_torch_save(path, scratch)
+    state = torch.load(scratch, weights_only=False)
+    state["model"]["fc1.weight"][0, 0] += 1.0
+    torch.save(state, scratch)
+    shutil.rmtree(path)
+    torch_save_to_dcp(scratch, path)
+
+
+def test_a_tampered_tensor_is_named_by_the_record_and_by_the_load(written, tmp_path):
+    tampered = tmp_path / "sets"
+    shutil.copytree(written, tampered)
+    release_dir = tampered / THIS_RELEASE
+    _tamper_torch_save(release_dir / "single/mlp/model.pt")
+    _tamper_dcp(release_dir / "dcp/ddp-w1-sync", tmp_path / "ddp.pt")
+    disagreements = golden_set(THIS_RELEASE, tampered).disagreements()
+    assert f"{THIS_RELEASE}/single/mlp/model.pt: its bytes differ from the record" in disagreements
+    assert any("dcp/ddp-w1-sync/" in found for found in disagreements), disagreements
+
+    status, output, cases = _gate_loads(tampered, tmp_path, "-k", "single or ddp")
+    assert status == 1, output[-4000:]
+    single = cases[f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-mlp]"]
+    assert single.outcome == "failed"
+    assert f"single/mlp of the set torch {torch.__version__} wrote: model.fc1.weight: " in (
+        single.message
+    )
+    ddp = cases[f"test_golden_dcp_checkpoints_load_as_recorded[w1-{THIS_RELEASE}-ddp]"]
+    assert ddp.outcome == "failed"
+    assert "dcp/ddp-w1-sync of the set" in ddp.message
+    assert "model.fc1.weight: loaded torch.float32 [10, 7] starting" in ddp.message
+    untouched = cases[f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-moe]"]
+    assert untouched.outcome == "passed"
+
+
+def test_the_gate_refuses_a_directory_without_sets(tmp_path):
+    status, output, _ = _gate_loads(tmp_path / "none", tmp_path)
+    assert status != 0
+    assert f"{SETS_VARIABLE}={tmp_path / 'none'} holds no golden set" in output
