@@ -29,6 +29,7 @@ from harness.manifest import release_of
 
 SUITE_ROOT = Path(__file__).resolve().parents[2]
 INDEX = "README.md"
+WRITER_DEADLINE_S = 120  # a writer's test that hangs costs this long, not the default 300 s
 INDEX_HEADING = """# Golden checkpoints
 
 Each directory is the set one torch release wrote with `python -m ci.gate.golden --out
@@ -80,6 +81,7 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
         command = [sys.executable, "-m", "pytest", str(golden.WRITER), "-p", "harness.plugin"]
         command += ["-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "--world-sizes", sizes]
         command += ["--world-backend", backend, "--world-device", device]
+        command += ["--world-timeout", str(WRITER_DEADLINE_S)]
         env = os.environ | {golden.OUT_VARIABLE: str(target)}
         status = subprocess.run(command, cwd=SUITE_ROOT, env=env, check=False).returncode
         if status != 0:
