@@ -200,8 +200,23 @@ class Resolution:
     release: Version
     divergences: list[Divergence]
     recorded: bool
-    newest_recorded: Version | None
-    oldest_recorded: Version | None = None
+    recorded_releases: tuple[Version, ...] = ()  # every manifest's, oldest first
+
+    @property
+    def newest_recorded(self) -> Version | None:
+        return self.recorded_releases[-1] if self.recorded_releases else None
+
+    @property
+    def oldest_recorded(self) -> Version | None:
+        return self.recorded_releases[0] if self.recorded_releases else None
+
+    @property
+    def lies_between(self) -> tuple[Version, Version] | None:
+        """The recorded releases just before and just after an unrecorded one, where both
+        exist: the releases whose runs its inferred ranges rest on."""
+        older = [r for r in self.recorded_releases if r < self.release]
+        newer = [r for r in self.recorded_releases if r > self.release]
+        return (older[-1], newer[0]) if older and newer and not self.recorded else None
 
     @property
     def inferred(self) -> list[Divergence]:
@@ -223,10 +238,13 @@ class Resolution:
                 f"({self.oldest_recorded}), the oldest this suite serves: failures may be the "
                 "suite's own"
             )
+        if self.lies_between is not None:
+            where = "it lies between recorded {} and {}".format(*self.lies_between)
+        else:
+            where = f"newer than every recorded release (newest: {self.newest_recorded})"
         return (
-            f"torch release {self.release} is not recorded (newest recorded: "
-            f"{self.newest_recorded}); {len(self.inferred)} divergences inferred from their "
-            "release ranges"
+            f"torch release {self.release} is not recorded: {where}; {len(self.inferred)} "
+            "divergences inferred from their release ranges"
         )
 
     def unused(self, nodeids: Iterable[str], rootdir: Path) -> list[Divergence]:
@@ -250,8 +268,7 @@ def resolve(manifests: list[Manifest], torch_version: str) -> Resolution:
         release=release,
         divergences=[d for m in manifests for d in m.divergences if d.holds_for(release)],
         recorded=release in recorded,
-        newest_recorded=recorded[-1] if recorded else None,
-        oldest_recorded=recorded[0] if recorded else None,
+        recorded_releases=tuple(recorded),
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ci.gate import adopt, durations, fork_vs_base
-from ci.gate.results import GateResults, TestResult
+from ci.gate.results import GateResults, ReleaseResolution, TestResult
 from ci.gate.target import ExecutionTarget
 from harness.manifest import load
 from harness.outcomes import Outcome
@@ -144,3 +144,15 @@ def test_an_update_replaces_and_adds_measured_functions_and_keeps_the_others() -
         (f"{M}::test_b", 5.0),
         (f"{M}::test_z", 1.0),
     ]
+
+
+def test_the_report_says_which_recorded_releases_an_unrecorded_one_lies_between() -> None:
+    between = ReleaseResolution(
+        "2.11.0", False, "2.15.0", ("a: t",), lies_between="2.8.0 and 2.13.0"
+    )
+    assert between.describe() == (
+        "release 2.11.0 is not recorded (between recorded 2.8.0 and 2.13.0): 1 known "
+        "divergences inferred from their release ranges"
+    )
+    newer = ReleaseResolution("2.16.0", False, "2.15.0", ())
+    assert newer.describe().startswith("release 2.16.0 is not recorded (newest recorded: 2.15.0)")

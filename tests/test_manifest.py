@@ -199,9 +199,18 @@ def test_a_resolution_says_how_the_release_resolved(tmp_path: Path) -> None:
     catalogue = [_catalogue(tmp_path)]
     assert resolve(catalogue, "2.13.0+cpu").describe() == "torch release 2.13.0 (recorded)"
     assert resolve(catalogue, "2.16.0a0+gitabc").describe() == (
-        "torch release 2.16.0 is not recorded (newest recorded: 2.15.0); 1 divergences "
-        "inferred from their release ranges"
+        "torch release 2.16.0 is not recorded: newer than every recorded release (newest: "
+        "2.15.0); 1 divergences inferred from their release ranges"
     )
+    assert resolve(catalogue, "2.11.0+cu130").lies_between == (Version("2.6.0"), Version("2.13.0"))
+    assert (
+        resolve(catalogue, "2.11.0+cu130")
+        .describe()
+        .startswith(
+            "torch release 2.11.0 is not recorded: it lies between recorded 2.6.0 and 2.13.0; "
+        )
+    )
+    assert resolve(catalogue, "2.15.0").lies_between is None
     assert resolve(catalogue, "2.5.1").describe() == (
         "torch release 2.5.1 predates the oldest recorded release (2.6.0), the oldest this "
         "suite serves: failures may be the suite's own"

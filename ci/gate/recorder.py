@@ -65,6 +65,7 @@ def _release(resolution: Resolution) -> ReleaseResolution:
         newest_recorded=str(resolution.newest_recorded or "none"),
         inferred=tuple(f"{d.source}: {' '.join(d.tests)}" for d in resolution.inferred),
         predates_the_suite=resolution.predates_the_suite,
+        lies_between=" and ".join(map(str, resolution.lies_between or ())),
     )
 
 

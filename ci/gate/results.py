@@ -89,6 +89,7 @@ class ReleaseResolution:
     newest_recorded: str
     inferred: tuple[str, ...] = ()  # "source: tests" of each record applied by its range alone
     predates_the_suite: bool = False  # older than every recorded release
+    lies_between: str = ""  # "2.8.0 and 2.13.0": the recorded releases around an unrecorded one
 
     def describe(self) -> str:
         if self.recorded:
@@ -98,8 +99,13 @@ class ReleaseResolution:
                 f"release {self.release} predates the oldest release this suite serves: "
                 "failures may be the suite's own"
             )
+        where = (
+            f"between recorded {self.lies_between}"
+            if self.lies_between
+            else f"newest recorded: {self.newest_recorded}"
+        )
         return (
-            f"release {self.release} is not recorded (newest recorded: {self.newest_recorded}): "
+            f"release {self.release} is not recorded ({where}): "
             f"{len(self.inferred)} known divergences inferred from their release ranges"
         )
 
