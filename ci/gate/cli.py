@@ -14,13 +14,15 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ci.gate import report_html, report_markdown
 from ci.gate.durations import RECORDED
-from ci.gate.report_content import content
+from ci.gate.report_content import TIERS, content
 from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
+from ci.gate.tier import quick_tier_ids, world_size_of
 from harness.plugin import RENAMED_OPTIONS
 
 NO_RESULTS_EXIT = 3
@@ -62,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         "in a world of its own under a short deadline; those that pass show as XPASS (fixed)",
     )
     parser.add_argument(
+        "--tier",
+        choices=TIERS,
+        default="whole",
+        help="whole: every test id; quick: the per-commit subset (ci/gate/quick-tier.txt, made "
+        "by python -m ci.gate.tier), which kills every mutant; also taken after -- ",
+    )
+    parser.add_argument(
         "--recorded-durations",
         default=str(RECORDED) if RECORDED.exists() else "",
         metavar="PATH",
@@ -79,10 +88,21 @@ def _parser() -> argparse.ArgumentParser:
 def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
     """The pytest run of the gate: the suite, the options, and the recorder plugin."""
     extra: list[str] = args.pytest_args
-    names_tests = any(
-        not arg.startswith("-") and (SUITE_ROOT / arg.split("::")[0]).exists() for arg in extra
-    )
-    command = [sys.executable, "-m", "pytest", *([] if names_tests else ["conformance"])]
+    named = [
+        arg
+        for arg in extra
+        if not arg.startswith("-") and (SUITE_ROOT / arg.split("::")[0]).exists()
+    ]
+    tests = named or ["conformance"]
+    if args.tier == "quick":  # the tier's ids at these sizes, of the named paths if any
+        sizes = {int(size) for size in args.world_sizes.split(",")}
+        tests = [
+            nodeid
+            for nodeid in quick_tier_ids()
+            if world_size_of(nodeid) in sizes and (not named or nodeid.startswith(tuple(named)))
+        ]
+    options = [arg for arg in extra if arg not in named]
+    command = [sys.executable, "-m", "pytest", *tests]
     # Paths go in --option=value form: pytest takes a separate path argument as a test path
     # when it picks the rootdir, and node ids (and manifest patterns) are relative to it.
     command += [f"--world-backend={args.backend}", f"--world-device={args.device}"]
@@ -97,7 +117,22 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
         command.append("--manifest-lift-skips")
     if args.recorded_durations:
         command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
-    return command + extra
+    return command + options
+
+
+def tier_among(pytest_args: list[str]) -> tuple[str | None, list[str]]:
+    """``--tier NAME`` (or ``--tier=NAME``) among the pytest arguments, as ``tox -e nccl4 --
+    --tier quick`` passes it, and the arguments without it."""
+    rest = list(pytest_args)
+    for index, arg in enumerate(rest):
+        if arg == "--tier" and index + 1 < len(rest):
+            name = rest[index + 1]
+            del rest[index : index + 2]
+            return name, rest
+        if arg.startswith("--tier="):
+            del rest[index]
+            return arg.partition("=")[2], rest
+    return None, rest
 
 
 def write_reports(results: GateResults, out: Path) -> list[Path]:
@@ -122,7 +157,13 @@ def refuse_old_spellings(pytest_args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    tier, args.pytest_args = tier_among(args.pytest_args)
+    if tier is not None:
+        if tier not in TIERS:
+            parser.error(f"--tier must be one of {', '.join(TIERS)}, not {tier!r}")
+        args.tier = tier
     refuse_old_spellings(args.pytest_args)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if not results_path.exists():
         print(f"gate: pytest exited with {status} and wrote no results to {out}", file=sys.stderr)
         return status or NO_RESULTS_EXIT
-    results = GateResults.load(results_path)
+    results = replace(GateResults.load(results_path), tier=args.tier)
+    results.save(results_path)
     for path in [out / "junit.xml", results_path, *write_reports(results, out)]:
         print(f"gate: wrote {path}")
     return status

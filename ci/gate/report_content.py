@@ -48,6 +48,12 @@ class ReportContent:
     slowest: list[TestResult]
 
 
+TIERS = {
+    "whole": "whole: every test id",
+    "quick": "quick: the per-commit subset of ci/gate/quick-tier.txt (every mutant killed)",
+}
+
+
 def cell(counts: Counter[str]) -> Cell:
     """``✔12 xf3 s5``: the non-zero counts of a matrix cell, most severe first."""
     present = [outcome for outcome in SYMBOLS if counts[outcome]]
@@ -94,6 +100,7 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
                 + (f" ({target.device_count} visible)" if target.device_count else ""),
             ),
             ("world sizes", ", ".join(map(str, target.world_sizes)) or "none"),
+            ("tier", TIERS.get(results.tier, results.tier)),
             (
                 "known divergences",
                 results.release.describe() if results.release else "no manifest applied",

@@ -124,6 +124,7 @@ class GateResults:
     # Ids not collected because their cell does not exist at their world size, counted by
     # parallelism, then world size.
     not_applicable: dict[str, dict[int, int]] = field(default_factory=dict)
+    tier: str = "whole"  # which ids the gate ran: "whole", or "quick" (ci/gate/quick-tier.txt)
 
     @property
     def failures(self) -> list[TestResult]:
@@ -161,6 +162,7 @@ class GateResults:
             "release": asdict(self.release) if self.release else None,
             "tests": [asdict(test) for test in self.tests],
             "not_applicable": self.not_applicable,
+            "tier": self.tier,
         }
         path.write_text(json.dumps(data, indent=1) + "\n")
 
@@ -182,6 +184,7 @@ class GateResults:
                 parallelism: {int(size): count for size, count in by_size.items()}
                 for parallelism, by_size in data.get("not_applicable", {}).items()
             },
+            tier=data.get("tier", "whole"),
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ci.gate.tier import quick_tier_ids, world_size_of
 from ci.mutation import report
 from ci.mutation.mutants import Mutant, catalogue
 from ci.mutation.run import MUTANT_CRASHED, RunResult, RunSettings, run_tests
@@ -36,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", default="auto", metavar="TYPE", help="device type of the ranks (default: auto)"
     )
+    parser.add_argument(
+        "--tier",
+        choices=("own", "quick"),
+        default="own",
+        help="own: each mutant's own tests first, then its module's; quick: the gate's quick "
+        "tier (ci/gate/quick-tier.txt) at these world sizes, the mutant's modules first",
+    )
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--world-timeout", type=int, default=60, help="seconds per test")
     parser.add_argument("--run-timeout", type=int, default=1200, help="seconds per mutant")
@@ -51,6 +59,14 @@ def chosen(names: str) -> list[Mutant]:
     if unknown:
         raise SystemExit(f"unknown mutants {unknown}; known: {sorted(mutants)}")
     return [mutants[name] for name in wanted]
+
+
+def quick_tier_for(mutant: Mutant, world_sizes: str) -> list[str]:
+    """The quick tier's ids at ``world_sizes``, those of the mutant's own tests first."""
+    sizes = {int(size) for size in world_sizes.split(",")}
+    tier = [nodeid for nodeid in quick_tier_ids() if world_size_of(nodeid) in sizes]
+    own = [nodeid for nodeid in tier if nodeid.startswith(mutant.tests)]
+    return own + [nodeid for nodeid in tier if nodeid not in own]
 
 
 def outcome_of(mutant: Mutant, result: RunResult) -> report.MutantOutcome:
@@ -107,15 +123,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             continue
-        tests = [t for t in args.tests.split(",") if t] or list(mutant.tests)
+        tests = [t for t in args.tests.split(",") if t] or (
+            quick_tier_for(mutant, args.world_sizes) if args.tier == "quick" else list(mutant.tests)
+        )
         outcome = outcome_of(
             mutant, run_tests(tests, mutant.name, settings, args.out / mutant.name)
         )
         print(f"{mutant.name}: {outcome.status} {outcome.killed_by or ''}", flush=True)
         outcomes.append(outcome)
     verify_killers(outcomes, settings, args.out)
+    quick = set(quick_tier_ids())
+    for outcome in outcomes:
+        if outcome.killed_by:
+            outcome.in_quick_tier = outcome.killed_by in quick
     where = f"backend {args.backend} on device {args.device}, world sizes {args.world_sizes}"
-    markdown = report.write(outcomes, f"Run with `python -m ci.mutation`: {where}.", args.out)
+    tier = "the quick tier's tests" if args.tier == "quick" else "each mutant's own tests"
+    run = f"Run with `python -m ci.mutation --tier {args.tier}` ({tier}): {where}."
+    markdown = report.write(outcomes, run, args.out)
     killed, counted = report.kill_rate(outcomes)
     print(f"{killed}/{counted} non-equivalent mutants killed; report: {markdown}")
     return 0 if counted and 100 * killed / counted >= args.target else 1

@@ -29,6 +29,12 @@ class MutantOutcome:
     killed_by: str | None = None
     detail: str = ""
     seconds: float = 0.0
+    # Whether its killing test is one of the gate's quick tier (None: no killing test).
+    in_quick_tier: bool | None = None
+
+
+# Whether the gate's quick tier holds the killing test, as the report's column shows it.
+QUICK_TIER_CELL = {True: "kills it", False: "killer not in it", None: "-"}
 
 
 def kill_rate(outcomes: list[MutantOutcome]) -> tuple[int, int]:
@@ -65,12 +71,15 @@ def markdown_report(outcomes: list[MutantOutcome], settings: str) -> str:
         lines += [
             f"## `{upstream}`",
             "",
-            "| mutant | bug | status | killed by / why | s |",
-            "| --- | --- | --- | --- | ---: |",
+            "| mutant | bug | status | killed by / why | quick tier | s |",
+            "| --- | --- | --- | --- | --- | ---: |",
         ]
         for o in (o for o in outcomes if o.upstream == upstream):
             why = f"`{o.killed_by}`: {o.detail}" if o.killed_by else o.detail
-            lines.append(f"| `{o.name}` | {o.bug} | {o.status} | {_cell(why)} | {o.seconds:.0f} |")
+            quick = QUICK_TIER_CELL[o.in_quick_tier]
+            lines.append(
+                f"| `{o.name}` | {o.bug} | {o.status} | {_cell(why)} | {quick} | {o.seconds:.0f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

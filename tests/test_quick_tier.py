@@ -1,0 +1,146 @@
+"""The quick tier: computed from the mutation report and the recorded durations, fresh
+against the suite and the catalogue, and run by the gate and the mutation runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ci.gate import cli, tier
+from ci.mutation.cli import quick_tier_for
+from ci.mutation.mutants import catalogue
+
+PARALLELISMS = ["ddp", "fsdp1_full_shard_orig", "fsdp2", "fsdp2_tp", "pp", "tp"]
+
+
+def test_the_committed_quick_tier_is_fresh() -> None:
+    assert tier.QUICK_TIER.read_text() == tier.fresh_text(tier.collected_ids()), (
+        "ci/gate/quick-tier.txt is stale: python -m ci.gate.tier"
+    )
+
+
+def test_the_tier_holds_a_killer_of_every_mutant_of_the_catalogue() -> None:
+    """A mutant the report lacks (added since the last mutation run) has no killer to keep."""
+    killers = tier.killers_of(tier.MUTATION_REPORT)
+    quick = set(tier.quick_tier_ids())
+    for name, mutant in catalogue().items():
+        if mutant.equivalent:
+            continue
+        assert name in killers, f"the mutation report lacks {name}: rerun python -m ci.mutation"
+        assert killers[name] in quick, f"{name}'s killer {killers[name]} is not in the tier"
+
+
+def _ids() -> list[str]:
+    return [
+        "conformance/test_a.py::t[w2-ddp]",
+        "conformance/test_a.py::t[w4-ddp]",
+        "conformance/test_a.py::slow[w2-fsdp2]",
+        "conformance/test_b.py::t[w1]",
+        "conformance/test_b.py::u[w2]",
+        "conformance/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",
+        "conformance/test_observing_is_free.py::o[w4-fsdp1_full_shard_orig]",
+        "conformance/test_observing_is_free.py::cheap[w4-fsdp2_tp]",
+        "conformance/test_observing_is_free.py::o[w2-tp]",
+        "conformance/test_c.py::t[w2-pp]",
+    ]
+
+
+def test_the_tier_keeps_every_killer_then_the_cheapest_of_what_it_lacks() -> None:
+    durations = {
+        "conformance/test_a.py::t": 1.0,
+        "conformance/test_a.py::slow": 9.0,
+        "conformance/test_b.py::t": 2.0,
+        "conformance/test_b.py::u": 0.5,
+        "conformance/test_observing_is_free.py::o": 3.0,
+        "conformance/test_observing_is_free.py::cheap": 0.1,
+        "conformance/test_c.py::t": 1.0,
+    }
+    killers = {"m1": "conformance/test_a.py::t[w4-ddp]"}
+    chosen = tier.select(_ids(), killers, durations, PARALLELISMS)
+    assert chosen == [
+        "conformance/test_a.py::slow[w2-fsdp2]",  # the only one of fsdp2
+        "conformance/test_a.py::t[w4-ddp]",  # the killer, though w2 is cheaper
+        "conformance/test_b.py::u[w2]",  # the cheapest of test_b
+        "conformance/test_c.py::t[w2-pp]",  # module and cell
+        "conformance/test_observing_is_free.py::cheap[w4-fsdp2_tp]",  # the cheapest of the module
+        "conformance/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",  # the cell, at w2
+        "conformance/test_observing_is_free.py::o[w2-tp]",  # tp
+    ]
+
+
+def test_cells_group_into_families() -> None:
+    families = {
+        name: tier.cell_family(name)
+        for name in ("ddp", "replicate", "fsdp1_hybrid_shard_flat_nested", "fsdp1_tp", "hsdp2")
+    }
+    assert families == {
+        "ddp": "ddp",
+        "replicate": "ddp",
+        "fsdp1_hybrid_shard_flat_nested": "fsdp1",
+        "fsdp1_tp": "2-D",
+        "hsdp2": "fsdp2",
+    }
+
+
+def test_a_killer_the_suite_no_longer_collects_is_named() -> None:
+    with pytest.raises(ValueError, match=r"m9 \(conformance/test_gone.py::t\[w2\]\)"):
+        tier.select(_ids(), {"m9": "conformance/test_gone.py::t[w2]"}, {}, PARALLELISMS)
+
+
+def test_killers_come_from_killed_and_unverified_mutants(tmp_path) -> None:
+    report = tmp_path / "mutation.json"
+    entries = [
+        {"name": "a", "status": "killed", "killed_by": "t[w2]"},
+        {"name": "b", "status": "unverified", "killed_by": "u[w2]"},
+        {"name": "c", "status": "equivalent", "killed_by": None},
+        {"name": "d", "status": "survived", "killed_by": None},
+    ]
+    report.write_text(json.dumps(entries))
+    assert tier.killers_of(report) == {"a": "t[w2]", "b": "u[w2]"}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--tier", "quick", "-x"], ("quick", ["-x"])),
+        (["-x", "--tier=quick"], ("quick", ["-x"])),
+        (["-k", "fsdp2"], (None, ["-k", "fsdp2"])),
+    ],
+)
+def test_the_gate_takes_the_tier_after_the_separator(args, expected) -> None:
+    assert cli.tier_among(args) == expected
+
+
+def _gate_args(*pytest_args: str, sizes: str = "1,2") -> argparse.Namespace:
+    return cli._parser().parse_args(["--tier", "quick", "--world-sizes", sizes, "--", *pytest_args])
+
+
+def test_the_quick_gate_runs_the_tiers_ids_at_its_world_sizes(tmp_path) -> None:
+    command = cli.pytest_command(_gate_args("-x"), tmp_path)
+    tests = [arg for arg in command if arg.startswith("conformance/")]
+    expected = [i for i in tier.quick_tier_ids() if tier.world_size_of(i) in (1, 2)]
+    assert tests == expected
+    assert "conformance" not in command
+    assert any("[w4-" in nodeid for nodeid in tier.quick_tier_ids())
+    assert "-x" in command
+    named = cli.pytest_command(_gate_args("conformance/test_peak_memory.py"), tmp_path)
+    picked = [arg for arg in named if arg.startswith("conformance/")]
+    assert picked
+    assert all(arg.startswith("conformance/test_peak_memory.py::") for arg in picked)
+
+
+def test_the_gate_refuses_an_unknown_tier_after_the_separator(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--", "--tier", "fast"])
+    assert "--tier must be one of whole, quick, not 'fast'" in capsys.readouterr().err
+
+
+def test_a_mutant_runs_the_tier_its_own_modules_first() -> None:
+    mutant = catalogue()["gather_ignores_ranks_only"]
+    ids = quick_tier_for(mutant, "2,4")
+    assert sorted(ids) == sorted(i for i in tier.quick_tier_ids() if tier.world_size_of(i) != 1)
+    own = [i for i in ids if i.startswith(mutant.tests)]
+    assert own
+    assert ids[: len(own)] == own
