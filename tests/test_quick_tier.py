@@ -110,7 +110,7 @@ def test_killers_come_from_killed_and_unverified_mutants(tmp_path) -> None:
     ],
 )
 def test_the_gate_takes_the_tier_after_the_separator(args, expected) -> None:
-    assert cli.tier_among(args) == expected
+    assert cli.option_among("--tier", args) == expected
 
 
 def _gate_args(*pytest_args: str, sizes: str = "1,2") -> argparse.Namespace:

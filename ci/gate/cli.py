@@ -21,6 +21,7 @@ from ci.gate import report_html, report_markdown
 from ci.gate.durations import RECORDED
 from ci.gate.report_content import TIERS, content
 from ci.gate.results import GateResults
+from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import quick_tier_ids, world_size_of
 from harness.plugin import RENAMED_OPTIONS
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         "by python -m ci.gate.tier), which kills every mutant; also taken after -- ",
     )
     parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run the K-th of N parts of the ids, of near-equal recorded time (a module's tests "
+        "at one world size kept together); python -m ci.gate.merge joins the N reports",
+    )
+    parser.add_argument(
         "--recorded-durations",
         default=str(RECORDED) if RECORDED.exists() else "",
         metavar="PATH",
@@ -117,19 +124,30 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
         command.append("--manifest-lift-skips")
     if args.recorded_durations:
         command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
+    if args.shard:
+        command += ["-p", "ci.gate.shard", f"--gate-shard={args.shard}"]
+        if args.recorded_durations:
+            recorded = Path(args.recorded_durations).resolve()
+            command.append(f"--gate-shard-durations={recorded}")
     return command + options
 
 
-def tier_among(pytest_args: list[str]) -> tuple[str | None, list[str]]:
-    """``--tier NAME`` (or ``--tier=NAME``) among the pytest arguments, as ``tox -e nccl4 --
-    --tier quick`` passes it, and the arguments without it."""
+GATE_OPTIONS_AFTER_SEPARATOR = (
+    "--tier",
+    "--shard",
+)  # as `tox -e nccl4 -- --tier quick` passes them
+
+
+def option_among(name: str, pytest_args: list[str]) -> tuple[str | None, list[str]]:
+    """The value of the gate's option ``name`` (``--tier quick`` or ``--tier=quick``) among
+    the pytest arguments, and the arguments without it."""
     rest = list(pytest_args)
     for index, arg in enumerate(rest):
-        if arg == "--tier" and index + 1 < len(rest):
-            name = rest[index + 1]
+        if arg == name and index + 1 < len(rest):
+            value = rest[index + 1]
             del rest[index : index + 2]
-            return name, rest
-        if arg.startswith("--tier="):
+            return value, rest
+        if arg.startswith(f"{name}="):
             del rest[index]
             return arg.partition("=")[2], rest
     return None, rest
@@ -159,11 +177,17 @@ def refuse_old_spellings(pytest_args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    tier, args.pytest_args = tier_among(args.pytest_args)
-    if tier is not None:
-        if tier not in TIERS:
-            parser.error(f"--tier must be one of {', '.join(TIERS)}, not {tier!r}")
-        args.tier = tier
+    for name in GATE_OPTIONS_AFTER_SEPARATOR:
+        value, args.pytest_args = option_among(name, args.pytest_args)
+        if value is not None:
+            setattr(args, name.removeprefix("--"), value)
+    if args.tier not in TIERS:
+        parser.error(f"--tier must be one of {', '.join(TIERS)}, not {args.tier!r}")
+    if args.shard:
+        try:
+            parse_shard(args.shard)
+        except ValueError as error:
+            parser.error(str(error))
     refuse_old_spellings(args.pytest_args)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

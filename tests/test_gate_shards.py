@@ -1,0 +1,134 @@
+"""Shards of a gate run: their union is the whole id set, no id twice, of near-equal recorded
+time, and the merged report equals one run's."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from ci.gate import merge, shard
+from ci.gate.results import GateResults, TestResult
+from ci.gate.target import ExecutionTarget
+from tests._inner import INNER_DIR
+from tests.test_gate import FORK_MANIFEST, run_gate
+
+IDS = [
+    "conformance/test_a.py::t[w1]",
+    "conformance/test_a.py::t[w2-ddp]",
+    "conformance/test_a.py::u[w2-fsdp2]",
+    "conformance/test_a.py::t[w4-ddp]",
+    "conformance/test_b.py::t[w2]",
+    "conformance/test_b.py::v[w2]",
+    "conformance/test_c.py::t[w4-tp]",
+    "conformance/test_d.py::plain",
+]
+DURATIONS = {
+    "conformance/test_a.py::t": 4.0,
+    "conformance/test_a.py::u": 1.0,
+    "conformance/test_b.py::t": 3.0,
+    "conformance/test_b.py::v": 3.0,
+    "conformance/test_c.py::t": 5.0,
+    "conformance/test_d.py::plain": 0.5,
+}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 8])
+def test_the_shards_hold_every_id_once(count: int) -> None:
+    parts = shard.split(IDS, DURATIONS, count)
+    assert len(parts) == count
+    every = [nodeid for part in parts for nodeid in part]
+    assert sorted(every) == sorted(IDS)
+    assert len(every) == len(set(every))
+
+
+def test_a_modules_tests_at_one_world_size_stay_together_and_the_load_is_even() -> None:
+    parts = shard.split(IDS, DURATIONS, 2)
+    together = ("conformance/test_b.py::t[w2]", "conformance/test_b.py::v[w2]")
+    assert any(set(together) <= set(part) for part in parts)
+    loads = [sum(DURATIONS[i.split("[")[0]] for i in part) for part in parts]
+    # Dealt dearest first to the lighter part: b@2 (6) to one, a@2 (5) and c@4 (5) to the
+    # other, a@1 (4) to the first, a@4 (4) to the first on a tie, test_d (0.5) to the second.
+    assert sorted(loads) == [10.5, 14.0]
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "2", "a/b"])
+def test_a_shard_is_k_of_n(text: str) -> None:
+    with pytest.raises(ValueError, match="K"):
+        shard.parse_shard(text)
+
+
+def _run(out: Path, suite: Path, manifest: Path, *extra: str, after: tuple[str, ...] = ()) -> None:
+    """The gate on the inner suite; ``after``: arguments after its ``--``."""
+    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest), *extra]
+    tests = [str(suite / "inner_gate.py"), f"--rootdir={suite}", "-p", "no:cacheprovider", *after]
+    completed = run_gate(*args, "--", *tests)
+    assert (out / "results.json").exists(), completed.stdout + completed.stderr
+
+
+def _comparable(results: GateResults) -> dict[str, object]:
+    """What a report says, less when and how long it ran."""
+    data = asdict(results)
+    data.pop("duration_s")
+    data.pop("target")
+    data["tests"] = sorted(
+        (test["nodeid"], test["outcome"], test["first_failure"], test["reason"])
+        for test in data["tests"]
+    )
+    return data
+
+
+def test_merged_shards_report_what_one_run_does(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
+    (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
+    manifest = tmp_path / "fork.toml"
+    manifest.write_text(FORK_MANIFEST)
+    _run(tmp_path / "whole", suite, manifest)
+    _run(tmp_path / "shard1", suite, manifest, "--shard", "1/2")
+    _run(tmp_path / "shard2", suite, manifest, after=("--shard=2/2",))  # as tox passes it
+    shards = [GateResults.load(tmp_path / f"shard{k}" / "results.json") for k in (1, 2)]
+    assert all(shard_results.tests for shard_results in shards)
+
+    assert (
+        merge.main(
+            [str(tmp_path / "shard1"), str(tmp_path / "shard2"), "--out", str(tmp_path / "merged")]
+        )
+        == 1
+    )
+    whole = GateResults.load(tmp_path / "whole" / "results.json")
+    merged = GateResults.load(tmp_path / "merged" / "results.json")
+    assert _comparable(merged) == _comparable(whole)
+    assert merged.unused_entries  # the stale record of the fork's manifest, as one run finds it
+    cases = ElementTree.parse(tmp_path / "merged" / "junit.xml").getroot().iter("testcase")
+    assert len(list(cases)) == len(whole.tests)
+    title = (tmp_path / "whole" / "report.md").read_text().splitlines()[0]
+    assert title == "# State-dict conformance gate: FAILED (4 failing test ids)"
+    assert (tmp_path / "merged" / "report.md").read_text().splitlines()[0] == title
+
+
+def _results(torch_version: str, nodeids: list[str]) -> GateResults:
+    target = ExecutionTarget(
+        torch_version, "abc", None, None, "gloo", "CPU", 0, (2,), "c0ffee", "3.11", "h", "d"
+    )
+    tests = [TestResult(nodeid, "passed", 1.0, "m", "other", 2) for nodeid in nodeids]
+    return GateResults(target, 0, 60.0, tests=tests)
+
+
+def test_merge_refuses_an_id_run_twice_and_shards_of_two_builds() -> None:
+    twice = [_results("2.13.0", ["m.py::t[w2]"]), _results("2.13.0", ["m.py::t[w2]"])]
+    with pytest.raises(ValueError, match=r"m.py::t\[w2\] ran in shards 1 and 2"):
+        merge.merged_results(twice)
+    builds = [_results("2.13.0", ["m.py::t[w2]"]), _results("2.15.0", ["m.py::u[w2]"])]
+    with pytest.raises(
+        ValueError, match=r"shards of different builds: torch 2\.13\.0 and 2\.15\.0"
+    ):
+        merge.merged_results(builds)
+
+
+def test_merge_names_a_shard_without_results(tmp_path: Path, capsys) -> None:
+    assert merge.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert f"no results.json in {tmp_path}" in capsys.readouterr().err
