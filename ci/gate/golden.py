@@ -58,15 +58,16 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
-def skipped_tests(junit: Path) -> dict[str, str]:
-    """The writer's tests that skipped, each with its reason: checkpoints the set lacks."""
+def writer_tests_that(ended: str, junit: Path) -> dict[str, str]:
+    """The writer's tests whose junit case ``ended`` so (``skipped``, ``failure``, ``error``),
+    each with the first line of its message: checkpoints the set lacks, and why."""
     if not junit.is_file():
         return {}
-    skipped = {}
+    found = {}
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
-        for skip in case.findall("skipped"):
-            skipped[case.get("name", "?")] = skip.get("message", "")
-    return skipped
+        for outcome in case.findall(ended):
+            found[case.get("name", "?")] = outcome.get("message", "").split("\n", 1)[0]
+    return found
 
 
 def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
@@ -84,9 +85,10 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
         command += ["--world-timeout", str(WRITER_DEADLINE_S)]
         env = os.environ | {golden.OUT_VARIABLE: str(target)}
         status = subprocess.run(command, cwd=SUITE_ROOT, env=env, check=False).returncode
-        if status != 0:
+        if status not in (0, 1):  # interrupted, or no test ran: nothing to record
             print(f"golden: the writer failed (pytest exit {status}); no record", file=sys.stderr)
             return status
+        failed = writer_tests_that("failure", junit) | writer_tests_that("error", junit)
         record = golden.assemble_record(
             target,
             torch_version=torch.__version__,
@@ -94,7 +96,8 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
             suite_commit=suite_commit(),
             written=datetime.date.today().isoformat(),
             backend=backend,
-            skipped=skipped_tests(junit),
+            skipped=writer_tests_that("skipped", junit),
+            failed=failed,
         )
     shutil.rmtree(target / golden.ENTRIES)
     (target / golden.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
