@@ -82,6 +82,7 @@ class GoldenSet:
     steps: int  # the steps trained before every checkpoint
     checkpoints: tuple[GoldenCheckpoint, ...]
     skipped: dict[str, str] = field(default_factory=dict)  # writer test id -> why
+    failed: dict[str, str] = field(default_factory=dict)  # writer test id -> its error
     # The single process's k + n steps: each step's full state by key path as leaf records.
     trajectory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -163,6 +164,7 @@ def golden_set(release: str, root: Path | None = None) -> GoldenSet:
             steps=data["steps"],
             checkpoints=tuple(GoldenCheckpoint.from_json(e) for e in data["checkpoints"]),
             skipped=data.get("skipped", {}),
+            failed=data.get("failed", {}),
             trajectory=data.get("trajectory", {}),
         )
     except (KeyError, TypeError, ValueError) as error:

@@ -36,9 +36,11 @@ Each directory is the set one torch release wrote with `python -m ci.gate.golden
 conformance/golden` (gloo, CPU): the record names the release, torch's git hash and the
 suite's commit; the gate loads every set (`conformance/test_golden_checkpoints.py`). This
 table is generated: `python -m ci.gate.golden --out conformance/golden --index`.
+"Skipped": checkpoints a known divergence of the release keeps it from writing (the reason in
+`record.json`); "failed": checkpoints whose writer failed there (the error in `record.json`).
 
-| release | torch | torch git | suite commit | written | checkpoints | not written |
-| --- | --- | --- | --- | --- | --- | --- |
+| release | torch | torch git | suite commit | written | checkpoints | skipped | failed |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
 
@@ -101,10 +103,11 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
         )
     shutil.rmtree(target / golden.ENTRIES)
     (target / golden.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(
-        f"golden: {len(record['checkpoints'])} checkpoints of torch {torch.__version__} in {target}"
-    )
-    return 0
+    written = len(record["checkpoints"])
+    print(f"golden: {written} checkpoints of torch {torch.__version__} in {target}")
+    for test, why in failed.items():
+        print(f"golden: not written, its writer failed: {test}: {why}", file=sys.stderr)
+    return status
 
 
 def index_text(root: Path) -> str:
@@ -115,7 +118,8 @@ def index_text(root: Path) -> str:
         rows.append(
             f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
             f"`{found.suite_commit[:12]}{'+' if '+' in found.suite_commit else ''}` | "
-            f"{found.written} | {len(found.checkpoints)} | {len(found.skipped)} |"
+            f"{found.written} | {len(found.checkpoints)} | {len(found.skipped)} | "
+            f"{len(found.failed)} |"
         )
     return INDEX_HEADING + "".join(f"{row}\n" for row in rows)
 
