@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -256,18 +257,32 @@ def _is_tensor(leaf: Any) -> bool:
     return isinstance(leaf, dict) and "sha256" in leaf
 
 
+def leaf_name(key: str) -> str:
+    """The last name of a key path: ``optim.param_groups[0].lr`` -> ``lr``."""
+    return re.sub(r"\[\d+\]$", "", key).rsplit(".", 1)[-1]
+
+
 def value_differences(
-    loaded: dict[str, Any], recorded: dict[str, Any], *, whole: bool, limit: int = 3
+    loaded: dict[str, Any],
+    recorded: dict[str, Any],
+    *,
+    whole: bool,
+    known: set[str] | None = None,
+    limit: int = 3,
 ) -> list[str]:
     """Where leaf records of a loaded state differ from the record: each key with both values
     (the first ``limit``). ``whole``: the loader holds every recorded key (else only those it
-    holds are compared). A tensor the record lacks differs; a hyper-parameter it lacks does
-    not: a later release's optimizer adds its new defaults to the groups it loads."""
+    holds are compared). Between releases the non-tensor state of optimizers and schedulers
+    changes: a value the record lacks is no difference (a later release adds its defaults to
+    the groups it loads), nor is a recorded one absent after the load whose name the reader's
+    own state never has (``known``: the names it has; an earlier release knows fewer). A tensor
+    either way differs."""
     keys = sorted(set(loaded) | set(recorded)) if whole else sorted(loaded)
     found = []
     for key in keys:
         if key not in loaded:
-            found.append(f"{key}: absent after the load, recorded {_shown(recorded[key])}")
+            if _is_tensor(recorded[key]) or known is None or leaf_name(key) in known:
+                found.append(f"{key}: absent after the load, recorded {_shown(recorded[key])}")
         elif key not in recorded:
             if _is_tensor(loaded[key]):
                 found.append(f"{key}: loaded {_shown(loaded[key])}, not in the record")

@@ -88,6 +88,16 @@ def test_a_hyper_parameter_a_later_release_adds_is_no_difference():
     ]
 
 
+def test_a_value_the_readers_release_never_keeps_is_no_difference():
+    """A later release's scheduler records ``_is_initial``; an earlier one loads without it."""
+    recorded = leaf_records({"scheduler": {"_is_initial": False, "last_epoch": 2}})
+    loaded = leaf_records({"scheduler": {"last_epoch": 2}})
+    assert value_differences(loaded, recorded, whole=True, known={"last_epoch"}) == []
+    assert value_differences(loaded, recorded, whole=True, known={"last_epoch", "_is_initial"}) == [
+        "scheduler._is_initial: absent after the load, recorded False"
+    ]
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sets directory holding the set this build writes at one rank."""
