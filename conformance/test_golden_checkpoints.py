@@ -38,6 +38,7 @@ from conformance._golden import (
     GoldenSet,
     full_state_leaves,
     golden_set,
+    read_dcp,
     releases_to_load,
     value_differences,
 )
@@ -155,24 +156,39 @@ def _continues_as_one_process(
     return []
 
 
+_ONE_PROCESS_STATE: dict[tuple[str, str], bool] = {}
+
+
 def _starts_as_one_process(golden: GoldenSet, checkpoint: GoldenCheckpoint) -> bool:
+    """``_holds_one_process_state``, once per checkpoint and rank process."""
+    key = (str(golden.directory), checkpoint.path)
+    if key not in _ONE_PROCESS_STATE:
+        _ONE_PROCESS_STATE[key] = _holds_one_process_state(golden, checkpoint)
+    return _ONE_PROCESS_STATE[key]
+
+
+def _holds_one_process_state(golden: GoldenSet, checkpoint: GoldenCheckpoint) -> bool:
     """Whether ``checkpoint`` holds one process's model after the set's steps, as the set's
-    ``torch.save`` state does: every tensor bit for bit, or its first values within the
-    tensor-parallel tolerances for a writer that is not exact. Where the writer trained apart
-    from one process (a bug of its release, in its manifest), its load is judged by values
-    alone: no continuation from one process's state could match."""
-    single = golden.single(checkpoint.model).values
+    ``torch.save`` state does: bit for bit, or within the tensor-parallel tolerances for a
+    writer that is not exact (a DCP checkpoint read back whole in this process). Where the
+    writer trained apart from one process (a bug of its release, in its manifest), its load is
+    judged by values alone: no continuation from one process's state could match."""
+    single = golden.single(checkpoint.model)
     cell = PARALLELISMS.get(checkpoint.cell)
     tolerance = comparison_tolerance(cell) if cell is not None else {}
-    for key, leaf in checkpoint.values.items():
-        if not key.startswith("model.") or not isinstance(leaf, dict) or key not in single:
-            continue
-        if not tolerance and leaf["sha256"] != single[key]["sha256"]:
-            return False
-        first, expected = torch.tensor(leaf["first"]), torch.tensor(single[key]["first"])
-        if tolerance and not torch.allclose(first, expected, **tolerance):
-            return False
-    return True
+    if not tolerance:
+        return all(
+            leaf == single.values[key]
+            for key, leaf in checkpoint.values.items()
+            if key.startswith("model.") and isinstance(leaf, dict) and key in single.values
+        )
+    saved = read_dcp(golden.directory / checkpoint.path)["model"]
+    expected = torch.load(golden.directory / single.path / "model.pt", weights_only=True)
+    return all(
+        torch.allclose(saved[key].cpu(), value.cpu(), **tolerance)
+        for key, value in expected.items()
+        if key in saved
+    )
 
 
 def _dcp_checkpoints_for(golden: GoldenSet, reader: str, size: int) -> list[GoldenCheckpoint]:
