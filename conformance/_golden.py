@@ -40,7 +40,6 @@ RECIPE = "adamw_step_lr"
 STEPS = 2
 FIRST_VALUES = 6  # first values of a tensor kept in the record, shown when one differs
 Kind = Literal["dcp", "fsdp1", "single"]
-KINDS: tuple[Kind, ...] = ("dcp", "fsdp1", "single")
 
 
 class GoldenError(ValueError):
