@@ -68,22 +68,35 @@ def run_gate(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
-    work = tmp_path_factory.mktemp("gate")
+def inner_suite(work: Path) -> tuple[Path, Path]:
+    """The inner gate suite under ``work``, with the suite's manifest plugin as conformance/
+    has it, and a fork's manifest for it."""
     suite = work / "suite"
     suite.mkdir()
     (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
-    # The suite's manifest plugin, as conformance/ has it.
     (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
     manifest = work / "fork-manifest.toml"
     manifest.write_text(FORK_MANIFEST)
-    out = work / "report"
-    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest)]
+    return suite, manifest
+
+
+def gate_on_inner_suite(
+    suite: Path, manifest: Path, out: Path, *gate_args: str, after: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """The gate at world sizes 1 and 2 on ``suite``; ``after``: arguments after its ``--``."""
+    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest), *gate_args]
     # The rootdir is the suite's folder wherever this runs (else the common ancestor of it
     # and the working directory, e.g. /tmp for a checkout in /tmp): node ids as in a fork.
     test_args = [str(suite / "inner_gate.py"), f"--rootdir={suite}", "-p", "no:cacheprovider"]
-    completed = run_gate(*args, "--", *test_args)
+    return run_gate(*args, "--", *test_args, *after)
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    work = tmp_path_factory.mktemp("gate")
+    suite, manifest = inner_suite(work)
+    out = work / "report"
+    completed = gate_on_inner_suite(suite, manifest, out)
     output = completed.stdout + completed.stderr
     assert (out / "results.json").exists(), output
     return GateRun(completed.returncode, output, out, GateResults.load(out / "results.json"))

@@ -12,8 +12,7 @@ import pytest
 from ci.gate import merge, shard
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
-from tests._inner import INNER_DIR
-from tests.test_gate import FORK_MANIFEST, run_gate
+from tests.test_gate import gate_on_inner_suite, inner_suite
 
 IDS = [
     "conformance/test_a.py::t[w1]",
@@ -61,10 +60,7 @@ def test_a_shard_is_k_of_n(text: str) -> None:
 
 
 def _run(out: Path, suite: Path, manifest: Path, *extra: str, after: tuple[str, ...] = ()) -> None:
-    """The gate on the inner suite; ``after``: arguments after its ``--``."""
-    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest), *extra]
-    tests = [str(suite / "inner_gate.py"), f"--rootdir={suite}", "-p", "no:cacheprovider", *after]
-    completed = run_gate(*args, "--", *tests)
+    completed = gate_on_inner_suite(suite, manifest, out, *extra, after=after)
     assert (out / "results.json").exists(), completed.stdout + completed.stderr
 
 
@@ -81,12 +77,7 @@ def _comparable(results: GateResults) -> dict[str, object]:
 
 
 def test_merged_shards_report_what_one_run_does(tmp_path: Path) -> None:
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
-    (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
-    manifest = tmp_path / "fork.toml"
-    manifest.write_text(FORK_MANIFEST)
+    suite, manifest = inner_suite(tmp_path)
     _run(tmp_path / "whole", suite, manifest)
     _run(tmp_path / "shard1", suite, manifest, "--shard", "1/2")
     _run(tmp_path / "shard2", suite, manifest, after=("--shard=2/2",))  # as tox passes it

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
+from ci.gate.target import SUITE_ROOT, suite_commit
 from conformance import golden
 from harness.manifest import release_of
 
-SUITE_ROOT = Path(__file__).resolve().parents[2]
 INDEX = "README.md"
 WRITER_DEADLINE_S = 120  # a writer's test that hangs costs this long, not the default 300 s
 INDEX_HEADING = """# Golden checkpoints
@@ -42,22 +42,6 @@ table is generated: `python -m ci.gate.golden --out conformance/golden --index`.
 | release | torch | torch git | suite commit | written | checkpoints | skipped | failed |
 | --- | --- | --- | --- | --- | --- | --- | --- |
 """
-
-
-def suite_commit() -> str:
-    """The suite's git commit, ``+changes`` where the working tree differs from it."""
-    try:
-        head = _git("rev-parse", "HEAD")
-        changed = _git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + ("+changes" if changed else "")
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=SUITE_ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def writer_tests_that(ended: str, junit: Path) -> dict[str, str]:
@@ -115,9 +99,10 @@ def index_text(root: Path) -> str:
     rows = []
     for release in golden.recorded_releases(root):
         found = golden.golden_set(release, root)
+        dirty = "-dirty" if found.suite_commit.endswith("-dirty") else ""
         rows.append(
             f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
-            f"`{found.suite_commit[:12]}{'+' if '+' in found.suite_commit else ''}` | "
+            f"`{found.suite_commit[:12]}{dirty}` | "
             f"{found.written} | {len(found.checkpoints)} | {len(found.skipped)} | "
             f"{len(found.failed)} |"
         )
