@@ -36,6 +36,10 @@ from harness._spec import WorldSpec
 LOOPBACK = "127.0.0.1"
 # How long survivors may still finish after a rank died before they count as hung.
 CRASH_GRACE_S = 2.0
+# How long the others may still finish after a rank failed: a rank that raised leaves its
+# peers waiting in the next collective it would have joined, which they never leave; a test
+# body's ranks end within a second of each other otherwise.
+FAILED_GRACE_S = 5.0
 # How long a rank gets to write its stacks after the dump signal.
 STACK_DUMP_WAIT_S = 2.0
 
@@ -284,19 +288,14 @@ class World:
     def _collect(
         self, results: dict[int, msg.RankResult], deadline: float, timeout_s: float
     ) -> None:
-        """Gather results until every rank reported, died, or the deadline passed."""
-        crashed_at: float | None = None
+        """Gather results until every rank reported, died, or the deadline passed; once a
+        rank died or failed, the others get a short grace, not the rest of the deadline."""
+        cut = _Cut(deadline, f"did not finish within the {timeout_s:g} s deadline")
         while len(results) < self.spec.size:
             pending = [p for p in self._ranks if p.rank not in results]
-            limit = deadline if crashed_at is None else min(deadline, crashed_at + CRASH_GRACE_S)
-            remaining = limit - time.monotonic()
+            remaining = cut.at - time.monotonic()
             if remaining <= 0:
-                why = (
-                    f"did not finish within the {timeout_s:g} s deadline"
-                    if crashed_at is None
-                    else "still running after another rank died"
-                )
-                self._mark_hung(pending, results, why)
+                self._mark_hung(pending, results, cut.why)
                 return
             watched: list[Any] = [p.conn for p in pending if p.conn is not None]
             watched += [p.exit_fd for p in pending]
@@ -312,9 +311,14 @@ class World:
                         status=outcomes.CRASHED,
                         longrepr=f"rank {proc.rank} {describe_exit(status)} during the test",
                     )
-                    crashed_at = crashed_at or time.monotonic()
+                    cut.sooner(CRASH_GRACE_S, "still running after another rank died")
                 else:
                     results[proc.rank] = result
+                    if result.status == outcomes.FAILED:
+                        cut.sooner(
+                            FAILED_GRACE_S,
+                            f"still running {FAILED_GRACE_S:g} s after rank {proc.rank} failed",
+                        )
 
     @staticmethod
     def _receive(proc: _RankProcess) -> msg.RankResult | None:
@@ -360,6 +364,21 @@ class World:
                 f.seek(before[rank])
                 stacks[rank] = f.read().decode(errors="replace").rstrip() or "(no stack dump)"
         return stacks
+
+
+@dataclass
+class _Cut:
+    """When the ranks still running are called hung, and why: the deadline, brought forward
+    by the first rank that died or failed."""
+
+    at: float
+    why: str
+    brought_forward: bool = False
+
+    def sooner(self, grace_s: float, why: str) -> None:
+        """Cut ``grace_s`` from now, unless a death or failure already brought it forward."""
+        if not self.brought_forward and time.monotonic() + grace_s < self.at:
+            self.at, self.why, self.brought_forward = time.monotonic() + grace_s, why, True
 
 
 def _size(path: Path) -> int:

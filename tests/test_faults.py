@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness._world import FAILED_GRACE_S
 from tests._inner import InnerRun, run_inner
 
 SIZES = (1, 2, 4)
@@ -59,12 +60,25 @@ FAULTS = {
         "failed",
         ["rank 0 hung", "in test_collective_on_some_ranks"],
     ),
+    # Cut short once the grace after the failure ran out, long before the 120 s deadline.
+    "failure_leaves_peers_waiting": lambda n: (
+        "failed",
+        [
+            f"ValueError: injected failure on rank {last(n)}",
+            f"still running {FAILED_GRACE_S:g} s after rank {last(n)} failed",
+            "in test_failure_leaves_peers_waiting",
+        ],
+    ),
     "failure_out_of_step": lambda n: (
         "failed",
         [f"ranks {', '.join(map(str, range(n)))} failed", "ValueError: injected failure on rank 1"],
     ),
 }
-ONLY_WITH_PEERS = ("collective_on_some_ranks", "failure_out_of_step")
+ONLY_WITH_PEERS = (
+    "collective_on_some_ranks",
+    "failure_out_of_step",
+    "failure_leaves_peers_waiting",
+)
 
 
 def fault_cases() -> list[tuple[str, int]]:

@@ -167,6 +167,20 @@ def test_probe_after_collective_on_some_ranks(world):
     dist.barrier()
 
 
+@pytest.mark.world(2, 4, timeout=120)
+def test_failure_leaves_peers_waiting(world):
+    record_pid(world, "failure_leaves_peers_waiting")
+    if last_rank(world):
+        raise ValueError(f"injected failure on rank {world.rank}")
+    dist.barrier()  # never left: the last rank raised instead of joining it
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_failure_leaves_peers_waiting(world):
+    record_pid(world, "probe_after_failure_leaves_peers_waiting")
+    dist.barrier()
+
+
 @pytest.mark.world(1, 2, 4)
 def test_skip_on_some_ranks(world):
     record_pid(world, "skip_on_some_ranks")
