@@ -12,6 +12,7 @@ covered by the harness's end-to-end tests.
 from __future__ import annotations
 
 import ast
+import gc
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -59,7 +60,10 @@ def import_test_module(name: str, path: str, config: pytest.Config) -> ModuleTyp
     """Import the test module at ``path`` as ``name``, with asserts rewritten.
 
     The module is imported once per rank process and then reused, as pytest
-    reuses it within a session.
+    reuses it within a session. What the rank holds once it is imported (torch, the
+    suite's modules: some 300,000 objects) is moved out of the garbage collector's sight,
+    so that a full collection, which a peak-memory probe makes before each operation it
+    measures, scans only what tests made since: 2 ms instead of 160.
     """
     if name in sys.modules:
         return sys.modules[name]
@@ -76,6 +80,8 @@ def import_test_module(name: str, path: str, config: pytest.Config) -> ModuleTyp
     except BaseException:
         del sys.modules[name]
         raise
+    gc.collect()  # what earlier tests left in cycles is freed, not kept for good
+    gc.freeze()
     return module
 
 

@@ -1,5 +1,6 @@
 """The world plugin's features, as a test author uses them."""
 
+import gc
 import os
 import time
 
@@ -125,3 +126,13 @@ def test_ranks_run_with_hash_seeds_of_their_own(world):
     orders = [None] * world.size
     dist.all_gather_object(orders, list({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}))
     assert orders[0] != orders[1]
+
+
+@pytest.mark.world(2)
+def test_what_a_rank_imported_is_out_of_the_collectors_sight(world):
+    # Frozen at the import of this module: a full collection (a peak-memory probe makes one
+    # per operation) scans only what tests made since, not torch's objects.
+    import torch  # noqa: F401 - among what was imported before the freeze
+
+    assert gc.get_freeze_count() > 100_000
+    assert len(gc.get_objects()) < gc.get_freeze_count()
