@@ -124,6 +124,14 @@ def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
     }
 
 
+def test_an_expected_failure_keeps_how_it_failed(gate: GateRun) -> None:
+    """So that a report shows it, and recorded durations leave out a known hang's deadline."""
+    test = gate.test("test_known_divergence[w2]")
+    assert test.failing_ranks == (0, 1)
+    assert test.first_failure.startswith("rank 0 failed: AssertionError: assert 0 == 5")
+    assert not test.cut_short
+
+
 def test_cells_that_do_not_exist_at_a_size_are_counted_apart_not_skipped(gate: GateRun) -> None:
     assert gate.results.not_applicable == {"hsdp2": {1: 1}}
     assert gate.results.cells()["hsdp2"] == {2: 1}

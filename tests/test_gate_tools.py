@@ -130,6 +130,7 @@ def test_recorded_durations_are_the_longest_complete_run_of_each_test_function()
         _test(f"{M}::test_a[w4-ddp]", "xfailed"),
         _test(f"{M}::test_h[w2-tp]", "failed", "rank 1 hung: did not finish within 300 s"),
         _test(f"{M}::test_f[w2-tp]", "failed", "rank 0 failed: KeyError"),
+        _test(f"{M}::test_x[w2-tp]", "xfailed", "rank 1 hung: still running 5 s after rank 0"),
         TestResult(f"{M}::test_plain", "passed", 2.0, "m", "other", None),
     )
     results.tests[1] = TestResult(f"{M}::test_a[w4-ddp]", "xfailed", 3.5, "m", "ddp", 4)

@@ -93,6 +93,8 @@ class _Record:
             xfailed = hasattr(report, "wasxfail")
             self.outcome = "xfailed" if xfailed else "skipped"
             self.reason = report.wasxfail if xfailed else _skip_reason(report)
+            if xfailed:  # how the expected failure failed: a hang costs its deadline again
+                self._note_failing_ranks(report)
         elif report.passed and report.when == "call":
             self.outcome = "xpassed" if hasattr(report, "wasxfail") else "passed"
 
@@ -104,10 +106,15 @@ class _Record:
             self.first_failure = str(report.longrepr)
             return
         self.outcome = "failed" if report.when == "call" else "error"
+        self._note_failing_ranks(report)
+        self.first_failure = self.first_failure or _crash_message(report)
+
+    def _note_failing_ranks(self, report: pytest.TestReport) -> None:
+        """The failing ranks and first failure a world test's report carries, if any."""
         properties = dict(report.user_properties)
         ranks = str(properties.get(FAILING_RANKS, ""))
         self.failing_ranks = tuple(int(rank) for rank in ranks.split(",") if rank)
-        self.first_failure = str(properties.get(FIRST_FAILURE, "")) or _crash_message(report)
+        self.first_failure = str(properties.get(FIRST_FAILURE, ""))
 
 
 def _is_strict_xpass(report: pytest.TestReport) -> bool:
