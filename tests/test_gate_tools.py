@@ -137,6 +137,18 @@ def test_recorded_durations_are_the_longest_complete_run_of_each_test_function()
     assert durations.durations(results) == {f"{M}::test_a": 3.5}
 
 
+def test_shard_weights_are_the_mean_of_each_test_functions_complete_runs() -> None:
+    results = _results(
+        "2.13.0",
+        TestResult(f"{M}::test_a[w2-ddp]", "passed", 1.0, "m", "ddp", 2),
+        TestResult(f"{M}::test_a[w4-ddp]", "xfailed", 4.0, "m", "ddp", 4),
+        TestResult(f"{M}::test_a[w4-tp]", "passed", 2.5, "m", "tp", 4),
+        _test(f"{M}::test_a[w2-tp]", "xfailed", "rank 1 hung: did not finish within 30 s"),
+        TestResult(f"{M}::test_plain", "passed", 2.0, "m", "other", None),
+    )
+    assert durations.mean_durations(results) == {f"{M}::test_a": 2.5}
+
+
 def test_an_update_replaces_and_adds_measured_functions_and_keeps_the_others() -> None:
     recorded = {f"{M}::test_z": 1.0, f"{M}::test_b": 2.0}
     measured = {f"{M}::test_b": 5.0, f"{M}::test_a": 3.0}

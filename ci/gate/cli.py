@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ci.gate import report_html, report_markdown
-from ci.gate.durations import RECORDED
+from ci.gate.durations import MEANS, RECORDED
 from ci.gate.report_content import TIERS, content
 from ci.gate.results import GateResults
 from ci.gate.shard import parse_shard
@@ -85,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         "ci/gate/durations.json); '' gives every world test the harness's 300 s",
     )
     parser.add_argument(
+        "--shard-weights",
+        default=str(MEANS) if MEANS.exists() else "",
+        metavar="PATH",
+        help="--shard weighs each id by its function's mean recorded duration in this file "
+        "(default: ci/gate/mean-durations.json); '' weighs every id alike",
+    )
+    parser.add_argument(
         "pytest_args",
         nargs="*",
         help="after --: more pytest arguments; test paths among them replace conformance/",
@@ -126,9 +133,8 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
         command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
     if args.shard:
         command += ["-p", "ci.gate.shard", f"--gate-shard={args.shard}"]
-        if args.recorded_durations:
-            recorded = Path(args.recorded_durations).resolve()
-            command.append(f"--gate-shard-durations={recorded}")
+        if args.shard_weights:
+            command.append(f"--gate-shard-durations={Path(args.shard_weights).resolve()}")
     return command + options
 
 

@@ -1,13 +1,16 @@
-"""The recorded durations the gate fits its deadlines to, from a gate run's results.
+"""The recorded durations the gate fits its deadlines to and weighs shards by, from a gate
+run's results.
 
     python -m ci.gate.durations gate-report/gloo4/results.json [--out ci/gate/durations.json] \
-        [--update]
+        [--means-out ci/gate/mean-durations.json] [--update]
 
 Writes, for each world test function, the longest duration of its ids that ran to the end
-(passed, or failed as expected): ``{"path::test_function": seconds}``. The gate passes the
-file to the harness (``--world-deadlines``), which gives those tests ten times their
-recorded duration, at least 30 s: a release with a hang nobody recorded yet loses that much
-per hang, not the 300 s default. ``--update`` keeps the recorded functions the run did not
+(passed, or failed as expected, neither hung nor crashed): ``{"path::test_function":
+seconds}``. The gate passes the file to the harness (``--world-deadlines``), which gives those
+tests ten times their recorded duration, at least 30 s: a release with a hang nobody recorded
+yet loses that much per hang, not the 300 s default. Beside it, the mean of those ids'
+durations, by which ``--shard`` weighs each id (the longest would weigh a function with one
+slow id as if every id were slow). ``--update`` keeps the recorded functions the run did not
 hold (a run of some modules only), so new tests get their durations without a whole gate run.
 """
 
@@ -21,17 +24,32 @@ from pathlib import Path
 from ci.gate.results import GateResults
 
 RECORDED = Path(__file__).resolve().parent / "durations.json"
+MEANS = Path(__file__).resolve().parent / "mean-durations.json"
 _RAN_TO_THE_END = ("passed", "xfailed", "xpassed")
+
+
+def _by_function(results: GateResults) -> dict[str, list[float]]:
+    """The durations of each world test function's ids that ran to the end."""
+    measured: dict[str, list[float]] = {}
+    for test in results.tests:
+        if test.world_size is not None and test.outcome in _RAN_TO_THE_END and not test.cut_short:
+            measured.setdefault(test.nodeid.split("[", 1)[0], []).append(test.duration_s)
+    return measured
 
 
 def durations(results: GateResults) -> dict[str, float]:
     """The longest duration of each world test function's ids that ran to the end."""
-    longest: dict[str, float] = {}
-    for test in results.tests:
-        if test.world_size is not None and test.outcome in _RAN_TO_THE_END and not test.cut_short:
-            function = test.nodeid.split("[", 1)[0]
-            longest[function] = max(longest.get(function, 0.0), test.duration_s)
-    return {function: round(seconds, 2) for function, seconds in sorted(longest.items())}
+    measured = _by_function(results)
+    return {function: round(max(measured[function]), 2) for function in sorted(measured)}
+
+
+def mean_durations(results: GateResults) -> dict[str, float]:
+    """The mean duration of each world test function's ids that ran to the end."""
+    measured = _by_function(results)
+    return {
+        function: round(sum(seconds) / len(seconds), 3)
+        for function, seconds in sorted(measured.items())
+    }
 
 
 def updated(recorded: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
@@ -44,16 +62,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m ci.gate.durations", description=__doc__.split("\n")[0]
     )
     parser.add_argument("results", type=Path, help="a gate run's results.json")
-    parser.add_argument("--out", type=Path, default=RECORDED)
+    parser.add_argument("--out", type=Path, default=RECORDED, help="the longest, for deadlines")
+    parser.add_argument("--means-out", type=Path, default=MEANS, help="the means, for shards")
     parser.add_argument(
-        "--update", action="store_true", help="keep --out's functions the run did not hold"
+        "--update", action="store_true", help="keep the files' functions the run did not hold"
     )
     args = parser.parse_args(argv)
-    recorded = durations(GateResults.load(args.results))
-    if args.update and args.out.exists():
-        recorded = updated(json.loads(args.out.read_text()), recorded)
-    args.out.write_text(json.dumps(recorded, indent=1) + "\n")
-    print(f"durations: {len(recorded)} test functions written to {args.out}")
+    results = GateResults.load(args.results)
+    written = ((args.out, durations(results)), (args.means_out, mean_durations(results)))
+    for path, recorded in written:
+        if args.update and path.exists():
+            recorded = updated(json.loads(path.read_text()), recorded)
+        path.write_text(json.dumps(recorded, indent=1) + "\n")
+        print(f"durations: {len(recorded)} test functions written to {path}")
     return 0
 
 

@@ -3,7 +3,8 @@
 Every runner collects the same ids and splits them alike, so the N parts hold every id once.
 Ids go in groups, a module's tests at one world size together (a runner then sets up that
 world once for them, not once per shard), and the groups are dealt, dearest first, to the
-part with the least recorded time so far (``ci/gate/durations.json``). ``python -m
+part with the least recorded time so far (each id weighs its test function's mean duration,
+``ci/gate/mean-durations.json``). ``python -m
 ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``.
 """
 
