@@ -369,16 +369,16 @@ class World:
 @dataclass
 class _Cut:
     """When the ranks still running are called hung, and why: the deadline, brought forward
-    by the first rank that died or failed."""
+    by each rank that died or failed to the end of its grace, where that is sooner."""
 
     at: float
     why: str
-    brought_forward: bool = False
 
     def sooner(self, grace_s: float, why: str) -> None:
-        """Cut ``grace_s`` from now, unless a death or failure already brought it forward."""
-        if not self.brought_forward and time.monotonic() + grace_s < self.at:
-            self.at, self.why, self.brought_forward = time.monotonic() + grace_s, why, True
+        """Cut ``grace_s`` from now, if that is before the cut so far."""
+        at = time.monotonic() + grace_s
+        if at < self.at:
+            self.at, self.why = at, why
 
 
 def _size(path: Path) -> int:
