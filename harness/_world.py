@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness import _env, outcomes
+from harness import _env, memory, outcomes
 from harness import _messages as msg
 from harness._capture import STREAMS, read_capture, stack_dump_path
 from harness._outcome import WorldOutcome, describe_exit
@@ -156,6 +156,8 @@ class World:
         # Loopback rendezvous, and no oversubscription of a small machine.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("OMP_NUM_THREADS", "1")
+        for name, value in memory.ALLOCATOR_ENV.items():
+            env.setdefault(name, value)  # steady peak-memory readings
         return env
 
     def _init_message(self) -> msg.Init:

@@ -10,6 +10,13 @@ for the process (a huge page faulted for a thread's stack or a new heap would co
 the few kB written). This needs Linux; elsewhere :func:`host_probe_missing` says why and
 callers skip.
 
+Large tensors must never have lived in the heap: a freed one leaves a free chunk there whose
+pages the trim hands back, and a later allocation that lands in it faults them in again, so a
+loop that frees each tensor before the next reads as the sum of its tensors, not the largest.
+glibc puts a large block in the heap once its mmap threshold has risen (it rises with each
+large free), and only a threshold fixed before the first allocation keeps them all out:
+processes that measure start with :data:`ALLOCATOR_ENV` (the harness's rank processes do).
+
 The kernel counts resident pages in per-CPU batches and takes the high-water mark from the
 folded count, so a reading can miss up to a batch of pages per CPU: the host figure is good to
 :data:`HOST_RESOLUTION_BYTES`, and reads low rather than high.
@@ -41,6 +48,9 @@ _RESET_PEAK: Final = "5"  # clear_refs: reset the peak resident set size to the 
 _M_MMAP_THRESHOLD: Final = -3  # mallopt's parameter number (malloc.h)
 _PR_SET_THP_DISABLE: Final = 41  # prctl's option number (linux/prctl.h)
 MMAP_THRESHOLD_BYTES: Final = 128 * 1024
+# glibc reads this when a process starts: every block of the threshold or more is mapped on
+# its own and unmapped when freed, from the first allocation on.
+ALLOCATOR_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 # The host figure's resolution: the resident-page count lags by up to a batch of pages (32 or
 # more) per CPU, and a peak sums several such counts. Measured on 2 CPUs (kernel 6.18): 300
 # blocks of exactly 2 MiB read between 56 and 304 KiB low; 64 pages per CPU covers that.
@@ -108,8 +118,9 @@ def _reset_host() -> int:
 
 
 def _settle_the_heap() -> None:
-    """Small pages for the process; with glibc, a fixed mmap threshold and free heap pages
-    returned (other C libraries return memory on their own terms)."""
+    """Small pages for the process; with glibc, a fixed mmap threshold (for a process that
+    did not start with :data:`ALLOCATOR_ENV`: from now on) and free heap pages returned
+    (other C libraries return memory on their own terms)."""
     libc = _libc()
     if libc is None:
         return

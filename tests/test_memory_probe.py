@@ -3,13 +3,23 @@ to within its stated resolution (it may read low by up to ``HOST_RESOLUTION_BYTE
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from harness import devices
-from harness.memory import HOST_RESOLUTION_BYTES, Peak, host_probe_missing, measure_peak
+from harness.memory import (
+    ALLOCATOR_ENV,
+    HOST_RESOLUTION_BYTES,
+    Peak,
+    host_probe_missing,
+    measure_peak,
+)
 
 MIB = 2**20
 RESOLUTION = HOST_RESOLUTION_BYTES
@@ -59,6 +69,49 @@ def test_memory_freed_before_the_block_is_reused_without_hiding_the_peak() -> No
         again = [_filled(4096) for _ in range(8192)]
     assert peak.host >= 32 * MIB - RESOLUTION
     del again
+
+
+# A process's history of large tensors, then a block that frees each tensor before making
+# the next (as a gather on a rank outside ranks_only does): it holds 11 MiB at most.
+_HISTORY_THEN_ONE_AT_A_TIME = """
+import torch
+from harness.memory import measure_peak
+MIB = 2**20
+def filled(size):
+    return torch.ones(size // 4)
+torch.ones(2**22).add_(1)
+filled(32 * MIB)  # freed at once: by default glibc now puts blocks up to 32 MiB in the heap
+earlier, pins = [], []
+for k in range(8):
+    earlier.append(filled((4 + k) * MIB))
+    pins.append(filled(64 * 1024))  # keeps the chunk after it from merging into the top
+del earlier
+with measure_peak() as peak:
+    for k in range(8):
+        filled((4 + k) * MIB - 4096)
+print(peak.host)
+"""
+
+
+def _peak_of_a_process(allocator_env: dict[str, str]) -> int:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+    run = subprocess.run(
+        [sys.executable, "-c", _HISTORY_THEN_ONE_AT_A_TIME],
+        env=env | allocator_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator settings")
+def test_large_tensors_freed_earlier_do_not_inflate_a_process_started_as_ranks_are() -> None:
+    largest = 11 * MIB - 4096
+    assert largest - RESOLUTION <= _peak_of_a_process(ALLOCATOR_ENV) < largest + 2 * MIB
+    # Without it the block's tensors land in the trimmed chunks the earlier ones left, one
+    # after another, and the reading is their sum (60 MiB), not the largest.
+    assert _peak_of_a_process({}) > 2 * largest
 
 
 def test_a_reading_is_low_by_at_most_the_resolution() -> None:

@@ -23,6 +23,7 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
         "test_context_fields[w4]",
         "test_ranks_run_with_hash_seeds_of_their_own[w2]",
         "test_what_a_rank_imported_is_out_of_the_collectors_sight[w2]",
+        "test_ranks_start_with_large_tensors_kept_out_of_the_heap[w2]",
         "test_parametrized[w2-dtype0-3]",
         "test_parametrized[w2-dtype1-5]",
         "test_shared_tmp_path[w2]",
@@ -65,7 +66,7 @@ def test_failing_assert_shows_values_per_rank(features: InnerRun) -> None:
     assert "rank 1 failed, rank 0 passed" in message
     assert "assert {'rank': 1, 'ok': True} == {'rank': 0, 'ok': True}" in message
     assert "{'rank': 1} != {'rank': 0}" in message  # pytest's own comparison explanation
-    assert "inner_plugin.py:42: AssertionError" in message
+    assert "inner_plugin.py:44: AssertionError" in message
 
 
 def test_captured_output_is_labelled_by_rank(features: InnerRun) -> None:

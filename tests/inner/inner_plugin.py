@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from harness import memory
+
 
 @pytest.mark.world(1, 2, 4)
 def test_context_fields(world):
@@ -136,3 +138,9 @@ def test_what_a_rank_imported_is_out_of_the_collectors_sight(world):
 
     assert gc.get_freeze_count() > 100_000
     assert len(gc.get_objects()) < gc.get_freeze_count()
+
+
+@pytest.mark.world(2)
+def test_ranks_start_with_large_tensors_kept_out_of_the_heap(world):
+    # glibc reads the variable as the process starts; tests/test_memory_probe.py shows why.
+    assert memory.ALLOCATOR_ENV.items() <= os.environ.items()
