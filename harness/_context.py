@@ -26,7 +26,8 @@ class WorldContext:
     """This rank's view of its world during one test.
 
     ``tmp_path`` is the same directory on every rank of the test (on one
-    node); ``device`` is ``<device_type>:<local_rank>`` in accelerator worlds, else ``cpu``.
+    node); ``device`` is the device the rank is bound to (``<device_type>:<local_rank>`` with
+    one rank per device) in accelerator worlds, else ``cpu``.
     """
 
     spec: WorldSpec
@@ -63,7 +64,7 @@ class WorldContext:
 
         if self.device_type == CPU:
             return torch.device(CPU)
-        return torch.device(self.device_type, self.local_rank)
+        return torch.device(self.device_type, self.spec.device_index(self.local_rank))
 
     def mesh(
         self, shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None
@@ -99,6 +100,6 @@ class WorldContext:
         import torch.distributed as dist
 
         if self.device_type != CPU:
-            dist.barrier(device_ids=[self.local_rank])
+            dist.barrier(device_ids=[self.spec.device_index(self.local_rank)])
         else:
             dist.barrier()

@@ -36,6 +36,7 @@ class WorldOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_worlds: int = 1
     require_devices: bool = False
+    ranks_per_device: int = 1  # more than 1: ranks of a gloo world share each device
     # Recorded durations by test function (``path::name``, the longest of its ids): a test
     # that has one gets factor x duration as its deadline, at least the floor and at most
     # timeout_s, so a hang nobody recorded yet costs little.
@@ -51,6 +52,14 @@ class WorldOptions:
             raise pytest.UsageError(f"--world-timeout must be positive, got {self.timeout_s}")
         if self.max_worlds < 1:
             raise pytest.UsageError(f"--world-max must be at least 1, got {self.max_worlds}")
+        if self.ranks_per_device < 1:
+            raise pytest.UsageError(
+                f"--world-ranks-per-device must be at least 1, got {self.ranks_per_device}"
+            )
+        if self.ranks_per_device > 1 and self.backend == "nccl":
+            raise pytest.UsageError(
+                "--world-ranks-per-device: nccl runs one rank per device (use gloo to share one)"
+            )
         if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
             raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
         if not 0 <= self.hash_seed < MAX_HASH_SEED:
@@ -82,6 +91,7 @@ class WorldOptions:
             timeout_s=config.getoption("world_timeout"),
             max_worlds=config.getoption("world_max"),
             require_devices=config.getoption("world_require_devices"),
+            ranks_per_device=config.getoption("world_ranks_per_device"),
             recorded_s=_recorded_durations(config.getoption("world_deadlines")),
             deadline_factor=config.getoption("world_deadline_factor"),
             deadline_floor_s=config.getoption("world_deadline_floor"),
@@ -133,6 +143,14 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="TYPE",
         help="device type of the worlds' ranks, bound to TYPE:local_rank (cpu, cuda, xpu, a "
         "vendor's); auto: the build's accelerator, else cpu (default: auto)",
+    )
+    group.addoption(
+        "--world-ranks-per-device",
+        type=int,
+        default=1,
+        metavar="N",
+        help="bind N ranks to each device, TYPE:local_rank//N, so that one accelerator runs "
+        "worlds of several ranks; for backends that allow it (gloo), not nccl (default: 1)",
     )
     group.addoption(
         "--world-sizes",

@@ -44,7 +44,7 @@ def _join_world(init: msg.Init, rank: int) -> None:
     """Initialise the default process group through the controller's store."""
     import torch.distributed as dist
 
-    devices.bind(init.spec.device_type, rank)  # spawned worlds live on one node
+    devices.bind(init.spec.device_type, init.spec.device_index(rank))  # one node
     store = dist.TCPStore(
         init.store_host,
         init.store_port,

@@ -60,7 +60,8 @@ class SpawnMode:
         if self._worlds_tmp is None:  # looked up once: a fixture lookup per test costs
             basetemp = request.getfixturevalue("tmp_path_factory").getbasetemp()
             self._worlds_tmp = basetemp / "worlds"
-        spec = WorldSpec(self.options.backend, size, self.options.device_type)
+        options = self.options
+        spec = WorldSpec(options.backend, size, options.device_type, options.ranks_per_device)
         return WorldTicket(spec=spec, tmp_path=self._worlds_tmp / safe_name(request.node.nodeid))
 
     def run_body(self, item: pytest.Function) -> bool | None:

@@ -11,18 +11,27 @@ from harness import devices
 class WorldSpec:
     """A world of ``size`` rank processes joined by one ``backend`` process group.
 
-    Ranks are bound to ``<device_type>:<local_rank>`` (CPU worlds keep their tensors in host
-    memory). The names are the build's own, resolved once: by the plugin's options for a
-    session, by ``WorldSpec.resolve`` for anyone holding ``auto``.
+    Ranks are bound to ``<device_type>:<local_rank // ranks_per_device>`` (CPU worlds keep
+    their tensors in host memory): one rank per device, or several ranks of a backend that
+    allows it (gloo) sharing each device, so that one accelerator runs worlds of 2 and 4. The
+    names are the build's own, resolved once: by the plugin's options for a session, by
+    ``WorldSpec.resolve`` for anyone holding ``auto``.
     """
 
     backend: str
     size: int
     device_type: str
+    ranks_per_device: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.size!r}")
+        if not isinstance(self.ranks_per_device, int) or self.ranks_per_device < 1:
+            raise ValueError(
+                f"ranks per device must be a positive integer, got {self.ranks_per_device!r}"
+            )
+        if self.ranks_per_device > 1 and self.backend == "nccl":
+            raise ValueError("nccl runs one rank per device: ranks cannot share one")
         if devices.AUTO in (self.backend, self.device_type):
             raise ValueError(
                 f"a WorldSpec takes resolved names, got {self.backend}/{self.device_type}: "
@@ -38,8 +47,21 @@ class WorldSpec:
 
     @property
     def label(self) -> str:
-        """Short name used in ids and messages, e.g. ``gloo/cpu x4``."""
-        return f"{self.backend}/{self.device_type} x{self.size}"
+        """Short name used in ids and messages, e.g. ``gloo/cpu x4``, ``gloo/cuda x4 (2 per
+        device)``."""
+        label = f"{self.backend}/{self.device_type} x{self.size}"
+        if self.ranks_per_device > 1:
+            label += f" ({self.ranks_per_device} per device)"
+        return label
+
+    @property
+    def devices_needed(self) -> int:
+        """How many devices of ``device_type`` the world's ranks are bound to."""
+        return -(-self.size // self.ranks_per_device)
+
+    def device_index(self, local_rank: int) -> int:
+        """The index of the device the rank of ``local_rank`` is bound to."""
+        return local_rank // self.ranks_per_device
 
     def unavailable_reason(self) -> str | None:
         """Why this machine cannot host the world, or None when it can."""
@@ -50,9 +72,14 @@ class WorldSpec:
         if not devices.is_available(self.backend):
             return f"this torch build has no {self.backend} backend"
         count = devices.device_count(self.device_type)
-        if count is not None and count < self.size:
+        if count is not None and count < self.devices_needed:
+            per = (
+                "one per rank"
+                if self.ranks_per_device == 1
+                else f"{self.ranks_per_device} ranks each"
+            )
             return (
-                f"{self.label} needs {self.size} {self.device_type} devices (one per rank); "
-                f"this machine has {count}"
+                f"{self.label} needs {self.devices_needed} {self.device_type} "
+                f"device{'s' if self.devices_needed > 1 else ''} ({per}); this machine has {count}"
             )
         return None

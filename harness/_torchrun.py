@@ -61,13 +61,14 @@ def launched_by_torchrun() -> bool:
 class TorchrunWorld:
     """The world torchrun launched, seen from this rank."""
 
-    def __init__(self, backend: str, device_type: str) -> None:
+    def __init__(self, backend: str, device_type: str, ranks_per_device: int = 1) -> None:
         import torch.distributed as dist
 
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.spec = WorldSpec(backend, int(os.environ["WORLD_SIZE"]), device_type)
-        devices.bind(self.spec.device_type, self.local_rank)
+        size = int(os.environ["WORLD_SIZE"])
+        self.spec = WorldSpec(backend, size, device_type, ranks_per_device)
+        devices.bind(self.spec.device_type, self.spec.device_index(self.local_rank))
         if not dist.is_initialized():
             dist.init_process_group(self.spec.backend)
         self._store = _store("harness/outcomes/")
@@ -105,7 +106,7 @@ class TorchrunWorld:
         import torch.distributed as dist
 
         if self.spec.device_type != devices.CPU:
-            dist.barrier(device_ids=[self.local_rank])
+            dist.barrier(device_ids=[self.spec.device_index(self.local_rank)])
         else:
             dist.barrier()
 

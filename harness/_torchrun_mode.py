@@ -26,7 +26,7 @@ class TorchrunMode:
 
     def __init__(self, options: WorldOptions, config: pytest.Config) -> None:
         self.options = options
-        self.world = TorchrunWorld(options.backend, options.device_type)
+        self.world = TorchrunWorld(options.backend, options.device_type, options.ranks_per_device)
         if self.world.is_reporter:
             self.world.report_when_stopped()
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,6 +46,27 @@ def test_cuda_world_without_enough_gpus_says_how_many_it_needs() -> None:
     assert "gloo/cuda x2 needs 2 cuda devices (one per rank)" in reason
 
 
+def test_ranks_that_share_devices_are_bound_in_turn() -> None:
+    spec = WorldSpec("gloo", 4, "cuda", ranks_per_device=2)
+    assert [spec.device_index(rank) for rank in range(4)] == [0, 0, 1, 1]
+    assert spec.devices_needed == 2
+    assert spec.label == "gloo/cuda x4 (2 per device)"
+    shared = WorldContext(spec, rank=3, local_rank=3, shared_dir=Path("."), launcher="spawn")
+    assert shared.device == torch.device("cuda", 1)
+
+
+def test_nccl_ranks_cannot_share_a_device() -> None:
+    with pytest.raises(ValueError, match="nccl runs one rank per device"):
+        WorldSpec("nccl", 2, "cuda", ranks_per_device=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 1, reason="this machine has a GPU")
+def test_a_shared_cuda_world_without_a_gpu_says_how_many_it_needs() -> None:
+    reason = WorldSpec("gloo", 4, "cuda", ranks_per_device=4).unavailable_reason()
+    assert reason is not None
+    assert "gloo/cuda x4 (4 per device) needs 1 cuda device (4 ranks each)" in reason
+
+
 @pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="this torch has NCCL")
 def test_nccl_world_without_nccl_says_so() -> None:
     assert WorldSpec("nccl", 1, "cuda").unavailable_reason() == (
@@ -52,8 +75,6 @@ def test_nccl_world_without_nccl_says_so() -> None:
 
 
 def context(size: int) -> WorldContext:
-    from pathlib import Path
-
     return WorldContext(
         WorldSpec("gloo", size, "cpu"), rank=0, local_rank=0, shared_dir=Path("."), launcher="spawn"
     )
