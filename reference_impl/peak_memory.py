@@ -239,10 +239,13 @@ def unsharded_unit_bytes(unit_state: Any) -> int:
 
 
 def _unit(state: Any, unit_bytes: int | None) -> Footprint:
-    first = next(_tensors(state), None)
-    if not unit_bytes or first is None:
+    """``TRANSIENT_UNITS`` of a unit's full state, where the unit lives: with its largest
+    tensor (an optimizer state's first tensor may be Adam's ``step``, on the host while the
+    parameters and their moments are on the device)."""
+    largest = max(_tensors(state), key=full_bytes, default=None)
+    if not unit_bytes or largest is None:
         return Footprint()
-    return _on(first, TRANSIENT_UNITS * unit_bytes)
+    return _on(largest, TRANSIENT_UNITS * unit_bytes)
 
 
 def get_state_dict_peak(

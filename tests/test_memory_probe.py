@@ -107,11 +107,11 @@ def _peak_of_a_process(allocator_env: dict[str, str]) -> int:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator settings")
 def test_large_tensors_freed_earlier_do_not_inflate_a_process_started_as_ranks_are() -> None:
+    # Without it the block's tensors land in the trimmed chunks the earlier ones left, one
+    # after another: measured 60.0 MiB (the sum) with this machine's glibc, 14.1 MiB with an
+    # H200 machine's, instead of the largest.
     largest = 11 * MIB - 4096
     assert largest - RESOLUTION <= _peak_of_a_process(ALLOCATOR_ENV) < largest + 2 * MIB
-    # Without it the block's tensors land in the trimmed chunks the earlier ones left, one
-    # after another, and the reading is their sum (60 MiB), not the largest.
-    assert _peak_of_a_process({}) > 2 * largest
 
 
 def test_a_reading_is_low_by_at_most_the_resolution() -> None:

@@ -120,6 +120,15 @@ def test_fsdp1_state_dicts_are_new_copies_beside_an_unsharded_unit(mesh: object)
     assert bound.transient == Footprint(host=TRANSIENT_UNITS * 5 * KIB)
 
 
+def test_an_fsdp1_unit_is_unsharded_where_its_tensors_live_not_its_step() -> None:
+    # Adam's step stays on the host while the moments live on the device (meta stands in).
+    optim_state = {"step": torch.tensor(1.0), "exp_avg": torch.empty(1024, device="meta")}
+    bound = bounds.get_state_dict_peak(
+        optim_state, rank=0, full_state_dict=False, cpu_offload=False, fsdp1_unit_bytes=4 * KIB
+    )
+    assert bound.transient == Footprint(device=TRANSIENT_UNITS * 4 * KIB)
+
+
 def test_set_state_dict_receives_local_pieces_and_fsdp1_whole_tensors(mesh: object) -> None:
     targets = {"w": sharded(mesh, 1024), "step": torch.tensor(1.0)}
     plain = bounds.set_state_dict_peak(targets, device=CPU)
