@@ -25,6 +25,12 @@ from reference_impl.peak_memory import PeakBound
 SLACK_BYTES: Final = 4 * 2**20
 # A file each rank appends one JSON line per measured call to (``python -m ci.peak_margins``).
 PEAK_LOG: Final = "CONFORMANCE_PEAK_LOG"
+# Backends that move an accelerator's tensors through host memory: gloo copies each CUDA
+# tensor of a collective into host buffers. Measured on an H200 (gloo ranks sharing it): a
+# FSDP1 unit's all-gather held the whole unit (39.5 MiB) on the host, beside the device
+# copies the bounds expect. In their accelerator worlds the device figure is judged, and the
+# host figure only logged.
+STAGES_THROUGH_HOST: Final = frozenset({"gloo"})
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,13 @@ class Measured:
     bound: PeakBound
     peak: Peak
 
-    def excess(self, separate_device: bool) -> str | None:
-        """What went over the bound, in words, or None."""
+    def excess(self, separate_device: bool, judge_host: bool = True) -> str | None:
+        """What went over the bound, in words, or None; the host figure only where
+        ``judge_host``."""
         limit = self.bound.limit(SLACK_BYTES, separate_device=separate_device)
         over = (
             [f"host {mib(self.peak.host)} > {mib(limit.host)}"]
-            if self.peak.host > limit.host
+            if judge_host and self.peak.host > limit.host
             else []
         )
         if separate_device and self.peak.device is not None and self.peak.device > limit.device:
@@ -75,11 +82,12 @@ def assert_within_bounds(world: Any, where: str, measured: list[Measured]) -> No
     """Fail naming every operation whose peak on this rank went over its bound; ``where``
     (the cell) labels the lines logged to ``$CONFORMANCE_PEAK_LOG``."""
     separate = world.device_type != "cpu"
+    judge_host = not separate or world.backend not in STAGES_THROUGH_HOST
     _log(world, where, measured, separate)
     failures = [
         item.describe(world.rank, excess)
         for item in measured
-        if (excess := item.excess(separate)) is not None
+        if (excess := item.excess(separate, judge_host)) is not None
     ]
     assert not failures, "\n".join(failures)
 
