@@ -1,4 +1,10 @@
-"""The project's own tests: pytester drives inner sessions of the world plugin."""
+"""The project's own tests: pytester drives inner sessions of the world plugin.
+
+Bare ``pytest`` runs the tests that take well under a second each, for a contributor's quick
+loop; those marked ``slow`` (each over a second on a 2-core machine: they start worlds,
+inner pytest sessions or the gate's tools as subprocesses) run with ``--slow``, as
+``tox -e unit`` and ``.ci/run`` do. ``pytest --slow --durations=0`` shows which to mark.
+"""
 
 import pytest
 
@@ -7,6 +13,30 @@ import pytest
 import torch  # noqa: F401
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (worlds, inner sessions, the gate's tools): "
+        "tox -e unit and .ci/run do",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if config.getoption("slow"):
+        return None
+    return "tests marked slow are left out: --slow runs them (tox -e unit does)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+        config.hook.pytest_deselected(items=slow)
 
 
 @pytest.fixture

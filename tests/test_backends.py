@@ -12,6 +12,8 @@ from harness import devices
 from harness._preload import PRELOAD
 from tests._inner import INNER_DIR, run_inner, start_session
 
+pytestmark = pytest.mark.slow
+
 no_accelerator = pytest.mark.skipif(
     devices.accelerator() is not None, reason="this machine has an accelerator"
 )

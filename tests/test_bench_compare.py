@@ -165,6 +165,7 @@ def test_cases_are_validated_and_named() -> None:
     assert len(names) == len(set(names)) == 6 + 4 * 4
 
 
+@pytest.mark.slow
 def test_an_injected_slowdown_is_flagged(tmp_path: Path) -> None:
     """A 4x slowdown (the torch function sleeps three times its own duration) is flagged.
 
@@ -224,6 +225,7 @@ def test_peaks_within_the_resolution_print_no_ratio() -> None:
     assert compare_peaks("op", (MIB, MIB), (2 * MIB, 2 * MIB), threshold=1.05).ratio_text == "2.000"
 
 
+@pytest.mark.slow
 def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
     """A gather that holds 4 MiB more (on a peak of about 4 MiB) is a memory regression."""
     out = tmp_path / "compare"
@@ -267,6 +269,7 @@ def _collect(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_any_cell_of_the_matrix_can_be_benchmarked() -> None:
     from ci.bench.cases import known_parallelisms
 
@@ -278,6 +281,7 @@ def test_any_cell_of_the_matrix_can_be_benchmarked() -> None:
         assert f"test_state_dict_op[dcp_load-{cell}-4MiB]" in completed.stdout
 
 
+@pytest.mark.slow
 def test_a_cell_missing_at_the_world_size_is_a_usage_error() -> None:
     completed = _collect("--bench-parallelisms", "ddp,hsdp2")
     assert completed.returncode == 4

@@ -9,6 +9,8 @@ import pytest
 
 from ci.bench import harness_overhead
 
+pytestmark = pytest.mark.slow
+
 
 def kind(name: str) -> harness_overhead.Kind:
     return next(k for k in harness_overhead.KINDS if k.name == name)

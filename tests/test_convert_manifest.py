@@ -101,6 +101,7 @@ def _record_outcomes(
     return {nodeid: sorted(set(found)) for nodeid, found in outcomes.items()}
 
 
+@pytest.mark.slow
 def test_every_id_keeps_its_outcome_on_every_release(
     conformance_ids: list[str], tmp_path: Path
 ) -> None:

@@ -14,6 +14,8 @@ import pytest
 from harness._world import FAILED_GRACE_S
 from tests._inner import InnerRun, run_inner
 
+pytestmark = pytest.mark.slow
+
 SIZES = (1, 2, 4)
 
 

@@ -18,6 +18,8 @@ from ci.gate.results import GateResults, TestResult
 from ci.gate.target import SUITE_ROOT
 from tests._inner import INNER_DIR
 
+pytestmark = pytest.mark.slow
+
 # Set by CI, where a missing browser must fail the render test rather than skip it.
 REQUIRE_CHROMIUM = "GATE_REQUIRE_CHROMIUM"
 # Without these, headless Chromium keeps trying to reach Google's hosts.

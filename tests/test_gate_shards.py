@@ -14,6 +14,8 @@ from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
 from tests.test_gate import gate_on_inner_suite, inner_suite
 
+pytestmark = pytest.mark.slow
+
 IDS = [
     "conformance/test_a.py::t[w1]",
     "conformance/test_a.py::t[w2-ddp]",

@@ -28,6 +28,8 @@ from conformance._golden import (
 from harness.manifest import load, release_of
 from tests._inner import Case, read_junit
 
+pytestmark = pytest.mark.slow
+
 THIS_RELEASE = str(release_of(torch.__version__))
 COMMITTED = recorded_releases(GOLDEN_DIR)
 READER = "conformance/test_golden_checkpoints.py"

@@ -264,6 +264,7 @@ def test_the_upstream_manifest_records_releases_and_ranges_every_record() -> Non
     assert all(divergence.releases for divergence in manifest.divergences)
 
 
+@pytest.mark.slow
 def test_every_upstream_record_names_tests_the_suite_collects(conformance_ids: list[str]) -> None:
     unmatched = [
         f"{divergence.id}: {test}"
@@ -339,6 +340,7 @@ tests = ["test_w.py::test_*hangs[w2]"]
 """
 
 
+@pytest.mark.slow
 def test_lifted_skips_run_alone_and_show_which_now_pass(pytester: pytest.Pytester) -> None:
     args = (_suite(pytester, LIFTED, test_w=WORLD_MODULE), "--manifest-lift-skips", "-rxX")
     result = pytester.runpytest(*args)

@@ -105,6 +105,7 @@ def _peak_of_a_process(allocator_env: dict[str, str]) -> int:
     return int(run.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator settings")
 def test_large_tensors_freed_earlier_do_not_inflate_a_process_started_as_ranks_are() -> None:
     # Without it the block's tensors land in the trimmed chunks the earlier ones left, one
@@ -114,6 +115,7 @@ def test_large_tensors_freed_earlier_do_not_inflate_a_process_started_as_ranks_a
     assert largest - RESOLUTION <= _peak_of_a_process(ALLOCATOR_ENV) < largest + 2 * MIB
 
 
+@pytest.mark.slow
 def test_a_reading_is_low_by_at_most_the_resolution() -> None:
     # Blocks of exactly 2 MiB in tensors the allocator maps on their own, many times over:
     # the kernel's batched page counts make some readings low, none by more than stated.

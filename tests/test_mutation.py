@@ -18,6 +18,8 @@ from ci.mutation import report
 from ci.mutation.mutants import UPSTREAM_MODULES, catalogue
 from ci.mutation.run import RunResult, RunSettings, raised_in_a_mutant
 
+pytestmark = pytest.mark.slow
+
 
 def _python(code: str) -> str:
     """Run ``code`` in a fresh interpreter (mutants patch torch for good); its stdout."""

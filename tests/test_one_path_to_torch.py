@@ -19,6 +19,8 @@ from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import fsdp, fully_shard_on, with_parameters
 from tests._inner import collect_conformance
 
+pytestmark = pytest.mark.slow
+
 # Under judgement: every submodule of torch.distributed and torch.nn.parallel. The core
 # ``torch.distributed`` (process groups, collectives) is the ground the harness stands on.
 JUDGED_PREFIXES = ("torch.distributed.", "torch.nn.parallel")

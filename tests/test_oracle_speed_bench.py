@@ -14,6 +14,8 @@ import pytest
 from ci.bench.oracle_cases import OPERATIONS, OracleCase, cases
 from ci.gate.target import SUITE_ROOT
 
+pytestmark = pytest.mark.slow
+
 
 def test_cases_cover_every_operation_in_both_layouts() -> None:
     found = cases((64, 512))

@@ -9,6 +9,8 @@ import pytest
 from harness._options import WorldOptions
 from tests._inner import InnerRun, run_inner
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def features(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:

@@ -60,6 +60,7 @@ def _other_suite(work: Path, *args: str, site: Path) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow
 def test_an_installed_package_leaves_another_suites_options_alone(tmp_path: Path) -> None:
     site = tmp_path / "site"
     _install(site, tmp_path)

@@ -13,6 +13,8 @@ import pytest
 
 from harness import TestRequest, WorldPool, WorldSettings, WorldSpec
 
+pytestmark = pytest.mark.slow
+
 BODIES = Path(__file__).parent / "inner" / "inner_pool_bodies.py"
 
 

@@ -9,6 +9,8 @@ import pytest
 from harness._preload import PRELOAD
 from tests._inner import run_inner, start_session
 
+pytestmark = pytest.mark.slow
+
 MARKER = "import torch.distributed\nJOINED_AT_IMPORT = torch.distributed.is_initialized()\n"
 
 

@@ -16,6 +16,8 @@ from ci.gate.target import SUITE_ROOT
 from conformance import _upstream
 from tests._inner import INNER_DIR
 
+pytestmark = pytest.mark.slow
+
 
 def _probe(**env: str) -> dict[str, Any]:
     completed = subprocess.run(

@@ -15,6 +15,7 @@ from ci.mutation.mutants import catalogue
 PARALLELISMS = ["ddp", "fsdp1_full_shard_orig", "fsdp2", "fsdp2_tp", "pp", "tp"]
 
 
+@pytest.mark.slow
 def test_the_committed_quick_tier_is_fresh() -> None:
     assert tier.QUICK_TIER.read_text() == tier.fresh_text(tier.collected_ids()), (
         "ci/gate/quick-tier.txt is stale: python -m ci.gate.tier"

@@ -8,6 +8,8 @@ import pytest
 
 from tests._inner import InnerRun, run_inner
 
+pytestmark = pytest.mark.slow
+
 
 def torchrun(nproc: int) -> list[str]:
     return [

@@ -17,6 +17,8 @@ import pytest
 from ci.gate.target import SUITE_ROOT
 from tests._inner import INNER_DIR, Case, read_junit
 
+pytestmark = pytest.mark.slow
+
 MODULE = "conformance/test_dcp_round_trips.py"
 
 
