@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import _env, devices
+from harness._spec import check_ranks_per_device
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
@@ -52,14 +53,10 @@ class WorldOptions:
             raise pytest.UsageError(f"--world-timeout must be positive, got {self.timeout_s}")
         if self.max_worlds < 1:
             raise pytest.UsageError(f"--world-max must be at least 1, got {self.max_worlds}")
-        if self.ranks_per_device < 1:
-            raise pytest.UsageError(
-                f"--world-ranks-per-device must be at least 1, got {self.ranks_per_device}"
-            )
-        if self.ranks_per_device > 1 and self.backend == "nccl":
-            raise pytest.UsageError(
-                "--world-ranks-per-device: nccl runs one rank per device (use gloo to share one)"
-            )
+        try:
+            check_ranks_per_device(self.backend, self.ranks_per_device)
+        except ValueError as error:
+            raise pytest.UsageError(f"--world-ranks-per-device: {error}") from None
         if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
             raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
         if not 0 <= self.hash_seed < MAX_HASH_SEED:

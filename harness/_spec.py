@@ -7,6 +7,15 @@ from dataclasses import dataclass
 from harness import devices
 
 
+def check_ranks_per_device(backend: str, ranks_per_device: object) -> None:
+    """Refuse a count of ranks per device that is not a positive integer, or that makes
+    ranks of ``backend`` share a device where it cannot (nccl)."""
+    if not isinstance(ranks_per_device, int) or ranks_per_device < 1:
+        raise ValueError(f"ranks per device must be a positive integer, got {ranks_per_device!r}")
+    if ranks_per_device > 1 and backend == "nccl":
+        raise ValueError("nccl runs one rank per device: ranks cannot share one (gloo can)")
+
+
 @dataclass(frozen=True, order=True)
 class WorldSpec:
     """A world of ``size`` rank processes joined by one ``backend`` process group.
@@ -26,12 +35,7 @@ class WorldSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.size!r}")
-        if not isinstance(self.ranks_per_device, int) or self.ranks_per_device < 1:
-            raise ValueError(
-                f"ranks per device must be a positive integer, got {self.ranks_per_device!r}"
-            )
-        if self.ranks_per_device > 1 and self.backend == "nccl":
-            raise ValueError("nccl runs one rank per device: ranks cannot share one")
+        check_ranks_per_device(self.backend, self.ranks_per_device)
         if devices.AUTO in (self.backend, self.device_type):
             raise ValueError(
                 f"a WorldSpec takes resolved names, got {self.backend}/{self.device_type}: "

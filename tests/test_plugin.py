@@ -156,7 +156,10 @@ def test_world_sizes_option_deselects_other_sizes(pytester: pytest.Pytester) -> 
         (["--world-sizes", "0"], "--world-sizes needs positive sizes"),
         (["--world-timeout", "0"], "--world-timeout must be positive"),
         (["--world-max", "0"], "--world-max must be at least 1"),
-        (["--world-ranks-per-device", "0"], "--world-ranks-per-device must be at least 1"),
+        (
+            ["--world-ranks-per-device", "0"],
+            "--world-ranks-per-device: ranks per device must be a positive integer, got 0",
+        ),
         (["--world-hash-seed", "-1"], "--world-hash-seed takes 0 to 2147483647, got -1"),
     ],
 )
