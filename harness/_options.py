@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import pytest
 
 from harness import _env, devices
 from harness._spec import check_ranks_per_device
 
+RankStart = Literal["fork", "spawn"]
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
 DEFAULT_DEADLINE_FLOOR_S = 30.0
@@ -38,6 +40,9 @@ class WorldOptions:
     max_worlds: int = 1
     require_devices: bool = False
     ranks_per_device: int = 1  # more than 1: ranks of a gloo world share each device
+    # fork: ranks forked from templates that imported torch and the test modules once;
+    # spawn: each rank a fresh interpreter (for a build whose import touches a device).
+    rank_start: RankStart = "fork"
     # Recorded durations by test function (``path::name``, the longest of its ids): a test
     # that has one gets factor x duration as its deadline, at least the floor and at most
     # timeout_s, so a hang nobody recorded yet costs little.
@@ -57,6 +62,8 @@ class WorldOptions:
             check_ranks_per_device(self.backend, self.ranks_per_device)
         except ValueError as error:
             raise pytest.UsageError(f"--world-ranks-per-device: {error}") from None
+        if self.rank_start not in get_args(RankStart):
+            raise pytest.UsageError(f"--world-start takes fork or spawn, got {self.rank_start!r}")
         if self.deadline_factor <= 0 or self.deadline_floor_s <= 0:
             raise pytest.UsageError("--world-deadline-factor and -floor must be positive")
         if not 0 <= self.hash_seed < MAX_HASH_SEED:
@@ -89,11 +96,22 @@ class WorldOptions:
             max_worlds=config.getoption("world_max"),
             require_devices=config.getoption("world_require_devices"),
             ranks_per_device=config.getoption("world_ranks_per_device"),
+            rank_start=_rank_start(config.getoption("world_start"), device_type),
             recorded_s=_recorded_durations(config.getoption("world_deadlines")),
             deadline_factor=config.getoption("world_deadline_factor"),
             deadline_floor_s=config.getoption("world_deadline_floor"),
             hash_seed=config.getoption("world_hash_seed"),
         )
+
+
+def _rank_start(asked: str, device_type: str) -> RankStart:
+    """``auto``: fork the ranks of CPU worlds; spawn those of accelerator worlds, whose
+    builds may touch their device on import, which a forked child could not use."""
+    if asked == devices.AUTO:
+        return "fork" if device_type == "cpu" else "spawn"
+    if asked not in get_args(RankStart):
+        raise pytest.UsageError(f"--world-start takes auto, fork or spawn, got {asked!r}")
+    return asked  # type: ignore[return-value]
 
 
 def _recorded_durations(path: str | None) -> dict[str, float]:
@@ -148,6 +166,15 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="N",
         help="bind N ranks to each device, TYPE:local_rank//N, so that one accelerator runs "
         "worlds of several ranks; for backends that allow it (gloo), not nccl (default: 1)",
+    )
+    group.addoption(
+        "--world-start",
+        default=devices.AUTO,
+        choices=(devices.AUTO, *get_args(RankStart)),
+        help="how rank processes start: fork, from a template per rank that imported torch "
+        "and the session's test modules once; spawn, each a fresh interpreter (slower: "
+        "seconds of imports per rank and world); auto: fork for CPU worlds, spawn for "
+        "accelerators (default: auto)",
     )
     group.addoption(
         "--world-sizes",

@@ -1,7 +1,7 @@
 """The worlds alive in a session: reuse by spec, at most ``max_alive`` at once.
 
 Tests are ordered by world spec, so a small ``max_alive`` (1 on a 2-core
-machine) costs one spawn per spec. The least recently used world is closed
+machine) costs one start per spec. The least recently used world is closed
 to make room; a world that a test left broken is killed and respawned
 lazily by the next test that needs it.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from harness._forkserver import ForkServers
 from harness._messages import TestRequest
 from harness._outcome import WorldOutcome, describe_exit
 from harness._spec import WorldSpec
@@ -19,11 +20,14 @@ from harness._world import World, WorldSettings
 class WorldPool:
     """Hands out live worlds and runs tests in them."""
 
-    def __init__(self, settings: WorldSettings, max_alive: int = 1) -> None:
+    def __init__(
+        self, settings: WorldSettings, max_alive: int = 1, templates: ForkServers | None = None
+    ) -> None:
         if max_alive < 1:
             raise ValueError(f"max_alive must be at least 1, got {max_alive}")
         self.settings = settings
         self.max_alive = max_alive
+        self.templates = templates  # None: ranks start as fresh interpreters
         self._worlds: OrderedDict[WorldSpec, World] = OrderedDict()
         self.spawned = 0
 
@@ -57,7 +61,7 @@ class WorldPool:
         while len(self._worlds) >= self.max_alive:
             _, oldest = self._worlds.popitem(last=False)
             oldest.close()
-        world = World(spec, self.settings)
+        world = World(spec, self.settings, self.templates)
         self.spawned += 1
         self._worlds[spec] = world
         return world
@@ -77,7 +81,9 @@ class WorldPool:
         return list(self._worlds)
 
     def close(self) -> None:
-        """Close every world (at the end of the session)."""
+        """Close every world, then the templates (at the end of the session)."""
         while self._worlds:
             _, world = self._worlds.popitem(last=False)
             world.close()
+        if self.templates is not None:
+            self.templates.close()

@@ -1,8 +1,9 @@
 """The main loop of a rank process in spawn mode.
 
-Started by the controller as ``python -m harness._rank``. It reads the
-authentication key from stdin, connects back to the controller, joins the
-process group, then runs test bodies one at a time until told to stop.
+Started by the controller as ``python -m harness._rank``, which reads the
+authentication key from stdin, or forked from a template (``_forkserver``), which
+hands it over. The rank connects back to the controller, joins the process group,
+then runs test bodies one at a time until told to stop.
 """
 
 from __future__ import annotations
@@ -203,21 +204,22 @@ class RankLoop:
         )
 
 
-def _connect(rank: int) -> Connection:
+def _connect(rank: int, authkey: bytes) -> Connection:
     """Connect to the controller (authenticated) and say which rank this is."""
     host, port = os.environ[CONTROLLER_ADDRESS].rsplit(":", 1)
-    authkey = bytes.fromhex(sys.stdin.readline().strip())
     conn = Client((host, int(port)), authkey=authkey)
     conn.send(rank)
     return conn
 
 
-def main() -> None:
+def run(authkey: bytes) -> None:
+    """A rank's life, in a fresh interpreter or forked from a template (``_forkserver``):
+    connect, join the world, run tests until told to stop."""
     rank = int(os.environ[RANK])
     faulthandler.enable(all_threads=True)
     stacks = open(stack_dump_path(os.environ[WORLD_DIR], rank), "w")  # noqa: SIM115 - kept open
     faulthandler.register(STACK_DUMP_SIGNAL, file=stacks, all_threads=True)
-    conn = _connect(rank)
+    conn = _connect(rank, authkey)
     init: msg.Init = conn.recv()
     sys.path[:] = init.sys_path
     _export_launcher_variables(init, rank)
@@ -237,4 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(bytes.fromhex(sys.stdin.readline().strip()))  # the controller writes the key first

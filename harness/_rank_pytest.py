@@ -12,6 +12,7 @@ covered by the harness's end-to-end tests.
 from __future__ import annotations
 
 import ast
+import functools
 import gc
 import importlib.util
 import sys
@@ -26,8 +27,10 @@ from _pytest.assertion.rewrite import rewrite_asserts
 from _pytest.config import _prepareconfig
 
 
+@functools.cache
 def make_config(rootdir: str, inifile: str | None, verbosity: int) -> pytest.Config:
-    """A configured pytest ``Config`` matching the controller's project settings."""
+    """A configured pytest ``Config`` matching the controller's project settings (made once
+    per process: a rank forked from a template gets the template's)."""
     # The rank handles faulthandler itself: its dumps must follow fd 2 into each
     # test's capture file, which pytest's faulthandler plugin would prevent.
     args = ["--rootdir", rootdir, "-p", "no:cacheprovider", "-p", "no:faulthandler"]

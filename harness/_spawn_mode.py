@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from harness import outcomes
-from harness._items import ALONE_MARKER, deadline, failure_properties
+from harness._forkserver import ForkServers
+from harness._items import ALONE_MARKER, deadline, failure_properties, item_size
 from harness._messages import TestRequest
 from harness._options import WorldOptions
 from harness._outcome import WorldOutcome
@@ -50,7 +51,8 @@ class SpawnMode:
             pg_timeout_s=2 * options.timeout_s + 60,
             hash_seed=options.hash_seed,
         )
-        self.pool = WorldPool(settings, max_alive=options.max_worlds)
+        self.settings = settings
+        self._pool: WorldPool | None = None  # made at the first world test, which knows them all
         self._worlds_tmp: Path | None = None  # parent of world tests' shared tmp_paths
 
     def sizes(self) -> set[int] | None:
@@ -76,7 +78,7 @@ class SpawnMode:
         request = _request(item, ticket, deadline(item, self.options))
         alone = item.get_closest_marker(ALONE_MARKER) is not None
         try:
-            outcome = self.pool.run(ticket.spec, request, alone=alone)
+            outcome = self._pool_of(item).run(ticket.spec, request, alone=alone)
         except WorldStartError as exc:
             pytest.fail(str(exc), pytrace=False)
         _report(item, outcome)
@@ -95,7 +97,32 @@ class SpawnMode:
         pass
 
     def close(self) -> None:
-        self.pool.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    def _pool_of(self, item: pytest.Function) -> WorldPool:
+        """The session's worlds; under ``fork``, their ranks' templates import the modules of
+        every world test the session runs."""
+        if self._pool is None:
+            templates = None
+            if self.options.rank_start == "fork":
+                assert self._worlds_tmp is not None
+                templates = ForkServers(
+                    self._worlds_tmp.parent / "templates",
+                    self.settings,
+                    modules=_world_test_modules(item.session.items),
+                )
+            self._pool = WorldPool(self.settings, self.options.max_worlds, templates)
+        return self._pool
+
+
+def _world_test_modules(items: list[pytest.Item]) -> tuple[tuple[str, str], ...]:
+    """(name, path) of each module that holds a world test, in the session's order."""
+    found: dict[str, str] = {}
+    for item in items:
+        if isinstance(item, pytest.Function) and item_size(item) is not None:
+            found.setdefault(item.module.__name__, str(item.module.__file__))
+    return tuple(found.items())
 
 
 def safe_name(nodeid: str) -> str:

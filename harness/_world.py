@@ -1,8 +1,9 @@
 """A spawned world: N rank processes, their process group, and one test at a time.
 
 The controller owns the rendezvous store and an authenticated listener on
-loopback. Each rank is a fresh interpreter (``python -m harness._rank``) in
-its own process session, so killing a world kills everything it started.
+loopback. Each rank is a fresh interpreter (``python -m harness._rank``) or a child
+forked from its rank's template (``_forkserver``), in its own process session, so killing a
+world kills everything it started.
 A rank's death is seen at once through a pidfd; a hang ends at the test's
 deadline, after every live rank has dumped its Python stacks.
 """
@@ -30,6 +31,7 @@ import harness
 from harness import _env, memory, outcomes
 from harness import _messages as msg
 from harness._capture import STREAMS, read_capture, stack_dump_path
+from harness._forkserver import ForkedRank, ForkServerError, ForkServers
 from harness._outcome import WorldOutcome, describe_exit
 from harness._spec import WorldSpec
 
@@ -68,9 +70,10 @@ class WorldSettings:
 
 
 class _RankProcess:
-    """A rank's process, its exit watch (pidfd) and its connection."""
+    """A rank's process (spawned, or forked from a template), its exit watch (pidfd) and
+    its connection."""
 
-    def __init__(self, rank: int, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, rank: int, popen: subprocess.Popen[bytes] | ForkedRank) -> None:
         self.rank = rank
         self.popen = popen
         self.exit_fd = os.pidfd_open(popen.pid)
@@ -92,9 +95,12 @@ class _RankProcess:
 class World:
     """A live world of ``spec.size`` ranks that runs test bodies on request."""
 
-    def __init__(self, spec: WorldSpec, settings: WorldSettings) -> None:
+    def __init__(
+        self, spec: WorldSpec, settings: WorldSettings, templates: ForkServers | None = None
+    ) -> None:
         self.spec = spec
         self.settings = settings
+        self._templates = templates  # None: each rank is a fresh interpreter
         self.dir = Path(tempfile.mkdtemp(prefix=f"world-{spec.backend}{spec.size}-"))
         self._ranks: list[_RankProcess] = []
         self._store: Any = None
@@ -109,6 +115,12 @@ class World:
     def _start(self) -> None:
         import torch.distributed as dist
 
+        if self._templates is not None:
+            envs = [rank_env(self.settings, rank) for rank in range(self.spec.size)]
+            try:
+                self._templates.start(envs)
+            except ForkServerError as error:
+                raise WorldStartError(self._start_failure(str(error))) from None
         self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
         authkey = secrets.token_bytes(32)
         with Listener((LOOPBACK, 0), authkey=authkey) as listener:
@@ -122,6 +134,14 @@ class World:
         self._await_ready()
 
     def _spawn(self, rank: int, address: str, authkey: bytes) -> _RankProcess:
+        world_env = {_env.CONTROLLER_ADDRESS: address, _env.WORLD_DIR: str(self.dir)}
+        if self._templates is not None:
+            try:
+                env = {**rank_env(self.settings, rank), **world_env}
+                forked = self._templates.fork(rank, env, self._log_path(rank), authkey)
+            except ForkServerError as error:
+                raise WorldStartError(self._start_failure(str(error))) from None
+            return _RankProcess(rank, forked)
         log = open(self._log_path(rank), "wb")  # noqa: SIM115 - handed to the child
         with log:
             popen = subprocess.Popen(
@@ -129,36 +149,13 @@ class World:
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self._rank_env(rank, address),
+                env={**rank_env(self.settings, rank), **world_env},
                 start_new_session=True,
             )
         assert popen.stdin is not None
         popen.stdin.write(authkey.hex().encode() + b"\n")
         popen.stdin.close()
         return _RankProcess(rank, popen)
-
-    def _rank_env(self, rank: int, address: str) -> dict[str, str]:
-        env = dict(os.environ)
-        package_parent = str(Path(harness.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_parent, env.get("PYTHONPATH", "")) if p
-        )
-        env.update(
-            {
-                _env.ROLE: _env.RANK_ROLE,
-                _env.CONTROLLER_ADDRESS: address,
-                _env.RANK: str(rank),
-                _env.WORLD_DIR: str(self.dir),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        env["PYTHONHASHSEED"] = str(self.settings.hash_seed + rank)
-        # Loopback rendezvous, and no oversubscription of a small machine.
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("OMP_NUM_THREADS", "1")
-        for name, value in memory.ALLOCATOR_ENV.items():
-            env.setdefault(name, value)  # steady peak-memory readings
-        return env
 
     def _init_message(self) -> msg.Init:
         return msg.Init(
@@ -366,6 +363,22 @@ class World:
                 f.seek(before[rank])
                 stacks[rank] = f.read().decode(errors="replace").rstrip() or "(no stack dump)"
         return stacks
+
+
+def rank_env(settings: WorldSettings, rank: int) -> dict[str, str]:
+    """The environment of rank ``rank`` in any world of the session (a world adds its
+    controller's address and its directory)."""
+    env = dict(os.environ)
+    package_parent = str(Path(harness.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+    env.update({_env.ROLE: _env.RANK_ROLE, _env.RANK: str(rank), "PYTHONUNBUFFERED": "1"})
+    env["PYTHONHASHSEED"] = str(settings.hash_seed + rank)
+    # Loopback rendezvous, and no oversubscription of a small machine.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in memory.ALLOCATOR_ENV.items():
+        env.setdefault(name, value)  # steady peak-memory readings
+    return env
 
 
 @dataclass

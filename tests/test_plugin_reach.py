@@ -99,5 +99,5 @@ def test_every_option_of_the_plugin_starts_with_world(pytester: pytest.Pytester)
     result = pytester.runpytest("--help")
     group = result.stdout.str().split("SPMD worlds of rank processes:\n", 1)[1].split("\n\n")[0]
     options = [line.split()[0] for line in group.splitlines() if line.startswith("  --")]
-    assert len(options) == 11
+    assert len(options) == 12
     assert all(option.startswith("--world-") for option in options), options

@@ -1,17 +1,18 @@
-"""WorldPool: reuse by spec, least-recently-used eviction, respawn of dead worlds."""
+"""WorldPool: reuse by spec, least-recently-used eviction, respawn of dead worlds; each with
+ranks forked from templates and with ranks spawned as fresh interpreters."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness import TestRequest, WorldPool, WorldSettings, WorldSpec
+from harness import ForkServers, TestRequest, WorldPool, WorldSettings, WorldSpec
 
 pytestmark = pytest.mark.slow
 
@@ -22,16 +23,27 @@ def settings() -> WorldSettings:
     return WorldSettings(sys_path=list(sys.path), rootdir=str(BODIES.parent), inifile=None)
 
 
-@pytest.fixture
-def pool_factory() -> Iterator[list[WorldPool]]:
+@pytest.fixture(params=["fork", "spawn"])
+def pool_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[list[WorldPool], ForkServers | None]]:
+    """Pools to close after the test, and the templates their ranks fork from (fork) or
+    None (spawn)."""
+    templates = None
+    if request.param == "fork":
+        modules = (("inner_pool_bodies", str(BODIES)),)
+        templates = ForkServers(tmp_path / "templates", settings(), modules)
     pools: list[WorldPool] = []
-    yield pools
+    yield pools, templates
     for pool in pools:
         pool.close()
+    if templates is not None:
+        templates.close()
 
 
-def new_pool(pools: list[WorldPool], max_alive: int) -> WorldPool:
-    pool = WorldPool(settings(), max_alive=max_alive)
+def new_pool(factory: tuple[list[WorldPool], ForkServers | None], max_alive: int) -> WorldPool:
+    pools, templates = factory
+    pool = WorldPool(settings(), max_alive=max_alive, templates=templates)
     pools.append(pool)
     return pool
 
@@ -63,15 +75,14 @@ def run_with_notes(
 
 
 def wait_until_dead(pid: int) -> None:
-    """Wait until the child ``pid`` can be reaped, without reaping it (the pool will).
-
-    A killed multithreaded process shows as a zombie before all its threads
-    are gone; only then does ``waitpid`` report it.
-    """
-    deadline = time.monotonic() + 10
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        assert time.monotonic() < deadline, f"process {pid} did not die"
-        time.sleep(0.01)
+    """Wait until ``pid`` (the pool's child, or a template's) has ended, without reaping it
+    (its parent will). A killed multithreaded process ends once all its threads are gone."""
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], 10)
+        assert ready, f"process {pid} did not die"
+    finally:
+        os.close(fd)
 
 
 ONE = WorldSpec("gloo", 1, "cpu")
@@ -79,7 +90,7 @@ TWO = WorldSpec("gloo", 2, "cpu")
 
 
 def test_max_alive_one_closes_the_previous_world(
-    pool_factory: list[WorldPool], tmp_path: Path
+    pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
 ) -> None:
     pool = new_pool(pool_factory, max_alive=1)
     first = run(pool, ONE, tmp_path / "a")
@@ -91,7 +102,7 @@ def test_max_alive_one_closes_the_previous_world(
 
 
 def test_least_recently_used_world_is_evicted(
-    pool_factory: list[WorldPool], tmp_path: Path
+    pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
 ) -> None:
     pool = new_pool(pool_factory, max_alive=2)
     one = run(pool, ONE, tmp_path / "a")
@@ -104,7 +115,7 @@ def test_least_recently_used_world_is_evicted(
 
 
 def test_rank_dying_between_tests_is_noticed_and_the_world_respawned(
-    pool_factory: list[WorldPool], tmp_path: Path
+    pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
 ) -> None:
     pool = new_pool(pool_factory, max_alive=1)
     before = run(pool, TWO, tmp_path / "a")
@@ -118,7 +129,7 @@ def test_rank_dying_between_tests_is_noticed_and_the_world_respawned(
 
 
 def test_a_test_that_asks_for_a_fresh_world_leaves_the_next_one_a_new_world(
-    pool_factory: list[WorldPool], tmp_path: Path
+    pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
 ) -> None:
     pool = new_pool(pool_factory, max_alive=1)
     first = run(pool, TWO, tmp_path / "a")

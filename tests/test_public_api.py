@@ -17,6 +17,7 @@ def assert_documented(package: ModuleType) -> None:
 
 def test_harness_public_names() -> None:
     assert sorted(harness.__all__) == [
+        "ForkServers",
         "TestRequest",
         "World",
         "WorldContext",
