@@ -115,8 +115,8 @@ class World:
     def _start(self) -> None:
         import torch.distributed as dist
 
+        envs = [rank_env(self.settings, rank) for rank in range(self.spec.size)]
         if self._templates is not None:
-            envs = [rank_env(self.settings, rank) for rank in range(self.spec.size)]
             try:
                 self._templates.start(envs)
             except ForkServerError as error:
@@ -126,18 +126,21 @@ class World:
         with Listener((LOOPBACK, 0), authkey=authkey) as listener:
             host, port = listener.address
             for rank in range(self.spec.size):
-                self._ranks.append(self._spawn(rank, f"{host}:{port}", authkey))
+                self._ranks.append(self._spawn(rank, envs[rank], f"{host}:{port}", authkey))
             self._accept(listener)
         for proc in self._ranks:
             assert proc.conn is not None
             proc.conn.send(self._init_message())
         self._await_ready()
 
-    def _spawn(self, rank: int, address: str, authkey: bytes) -> _RankProcess:
-        world_env = {_env.CONTROLLER_ADDRESS: address, _env.WORLD_DIR: str(self.dir)}
+    def _spawn(
+        self, rank: int, base_env: dict[str, str], address: str, authkey: bytes
+    ) -> _RankProcess:
+        """Rank ``rank``'s process, its environment ``base_env`` (``rank_env``) plus the
+        world's."""
+        env = {**base_env, _env.CONTROLLER_ADDRESS: address, _env.WORLD_DIR: str(self.dir)}
         if self._templates is not None:
             try:
-                env = {**rank_env(self.settings, rank), **world_env}
                 forked = self._templates.fork(rank, env, self._log_path(rank), authkey)
             except ForkServerError as error:
                 raise WorldStartError(self._start_failure(str(error))) from None
@@ -149,7 +152,7 @@ class World:
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**rank_env(self.settings, rank), **world_env},
+                env=env,
                 start_new_session=True,
             )
         assert popen.stdin is not None

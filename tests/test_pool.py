@@ -36,9 +36,7 @@ def pool_factory(
     pools: list[WorldPool] = []
     yield pools, templates
     for pool in pools:
-        pool.close()
-    if templates is not None:
-        templates.close()
+        pool.close()  # and the templates it was given
 
 
 def new_pool(factory: tuple[list[WorldPool], ForkServers | None], max_alive: int) -> WorldPool:
