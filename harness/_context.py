@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness._groups import KeptMeshes
 from harness._spec import WorldSpec
 from harness.devices import CPU
 
@@ -36,6 +37,8 @@ class WorldContext:
     shared_dir: Path  # created on first use of ``tmp_path``
     launcher: str  # "spawn" or "torchrun"
     after_test: AfterTest = field(default_factory=AfterTest)
+    # The rank's meshes kept between tests (``_groups``); None: a new mesh at each call.
+    meshes: KeptMeshes | None = None
 
     @property
     def tmp_path(self) -> Path:
@@ -71,7 +74,10 @@ class WorldContext:
     ) -> DeviceMesh:
         """A ``DeviceMesh`` over all ranks with this ``shape`` and optional dim ``names``.
 
-        The shape's product must equal the world size.
+        The shape's product must equal the world size. Every rank must ask for it, as for
+        any mesh. In spawned and forked worlds, the mesh of a shape and names is made once
+        and kept for the world's next tests while they pass and make no other process
+        group (``harness/_groups.py``).
         """
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -83,6 +89,8 @@ class WorldContext:
             raise ValueError(f"mesh shape {dims} has {product} ranks; this world has {self.size}")
         if names is not None and len(names) != len(dims):
             raise ValueError(f"mesh shape {dims} has {len(dims)} dims but {len(names)} names")
+        if self.meshes is not None:
+            return self.meshes.mesh(self.device_type, dims, names)
         return init_device_mesh(self.device_type, dims, mesh_dim_names=names)
 
     def respawn_after_test(self) -> bool:

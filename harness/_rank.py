@@ -9,13 +9,11 @@ then runs test bodies one at a time until told to stop.
 from __future__ import annotations
 
 import faulthandler
-import functools
 import os
 import pickle
 import signal
 import sys
 import traceback
-from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -27,6 +25,7 @@ from harness import devices, outcomes
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
+from harness._groups import KeptMeshes
 from harness._outcome import describe_exception
 from harness._preload import import_preloads
 from harness.outcomes import RankStatus
@@ -62,38 +61,19 @@ def _join_world(init: msg.Init, rank: int) -> None:
     )
 
 
-def _reset_between_tests() -> int:
+def _reset_between_tests(meshes: KeptMeshes, passed: bool) -> int:
     """Undo per-test global state; return the process-group counter.
 
-    Subgroups (made by ``new_group`` or ``DeviceMesh``) are destroyed so they
-    neither leak nor change the next test. The counter only grows, so ranks
-    that created the same groups report the same value.
+    Groups made by the test go (``KeptMeshes.after_test``), so they neither leak nor change
+    the next test. The counter only grows, so ranks that created the same groups report the
+    same value.
     """
     import torch
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
-    for group in list(c10d._world.pg_map):
-        if group is not c10d.GroupMember.WORLD:
-            dist.destroy_process_group(group)
-    _clear_dtensor_caches()
+    count = meshes.after_test(passed)
     _forget_compiled_graphs()
     torch.set_grad_enabled(True)
-    return dist.get_pg_count()
-
-
-def _clear_dtensor_caches() -> None:
-    """Forget DTensor's cached sharding decisions: they hold the meshes of earlier tests.
-
-    A mesh equal to an earlier test's (same ranks, shape and names) hits those
-    caches and gets back specs on the old mesh, whose groups were destroyed.
-    Until a test has imported DTensor there is nothing to clear, and importing
-    it here would cost every world seconds at its first test.
-    """
-    if "torch.distributed.tensor" not in sys.modules:
-        return
-    for clear in _dtensor_cache_clears():
-        clear()
+    return count
 
 
 def _forget_compiled_graphs() -> None:
@@ -104,28 +84,6 @@ def _forget_compiled_graphs() -> None:
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
-
-
-@functools.cache
-def _dtensor_cache_clears() -> tuple[Callable[[], None], ...]:
-    """The ``cache_clear`` of each of DTensor's sharding caches, found once per process."""
-    import torch
-
-    try:
-        from torch.distributed.tensor import DTensor, _redistribute
-    except ImportError:  # a torch whose DTensor lives elsewhere
-        return ()
-    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
-    cached = [getattr(_redistribute, "_gen_transform_infos", None)]
-    if propagator is not None:
-        cached += [getattr(propagator, name, None) for name in dir(propagator)]
-        # Releases such as 2.8 wrap the propagation cache in a thread-local holder of an
-        # lru_cache (its ``cache``); ranks run tests on their main thread.
-        cached += [getattr(function, "cache", None) for function in cached]
-    clears = [getattr(function, "cache_clear", None) for function in cached]
-    # The C++ dispatch fast path keeps its own cache.
-    clears.append(getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))
-    return tuple(clear for clear in clears if callable(clear))
 
 
 def _world_collectives() -> int | None:
@@ -151,6 +109,7 @@ class RankLoop:
         self.rank = rank
         self.config = _rank_pytest.make_config(init.rootdir, init.inifile, init.verbosity)
         self.capture = FdCapture(os.environ[WORLD_DIR], rank)
+        self.meshes = KeptMeshes()
         _rank_pytest.install_assertion_explanations(self.config)
 
     def run_forever(self) -> None:
@@ -171,6 +130,7 @@ class RankLoop:
             local_rank=self.rank,
             shared_dir=Path(call.tmp_path),
             launcher="spawn",
+            meshes=self.meshes,
         )
         default_dtype = torch.get_default_dtype()
         with self.capture.during_test():
@@ -196,7 +156,7 @@ class RankLoop:
             rank=self.rank,
             status=status,
             longrepr=text,
-            pg_count=_reset_between_tests(),
+            pg_count=_reset_between_tests(self.meshes, status == outcomes.PASSED),
             world_collectives=_world_collectives(),
             headline=headline,
             captured=self.capture.captured(),

@@ -42,6 +42,14 @@ def test_feature_passes(features: InnerRun, name: str) -> None:
     assert features.outcome(name) == "passed", features.message(name)
 
 
+def test_world_meshes_are_kept_while_tests_pass(features: InnerRun) -> None:
+    test = "test_world_meshes_are_kept_while_tests_pass[w2-{}]"
+    steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "fresh_after_failing")
+    for step in steps:
+        assert features.outcome(test.format(step)) == "passed", features.message(test.format(step))
+    assert features.outcome(test.format("fails")) == "failed"
+
+
 def test_combinations_that_do_not_apply_are_not_collected(features: InnerRun) -> None:
     ran = sorted(name for name in features.cases if "parts_divide" in name)
     assert ran == [

@@ -76,7 +76,8 @@ def test_subgroups_of_earlier_tests_are_gone(world):
 @pytest.mark.world(4)
 @pytest.mark.parametrize("round", [1, 2])
 def test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests(world, round):
-    """DTensor caches sharding by mesh equality; round 2 must not get round 1's mesh."""
+    """DTensor caches sharding by mesh equality; round 1 makes a group of its own, so its
+    mesh is destroyed after it, and round 2 must not get specs on it from the caches."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = world.mesh((2, 2), ("dp", "tp"))
@@ -85,6 +86,39 @@ def test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests(world, round):
         (local * 2).redistribute(mesh, [Replicate(), Replicate()]).to_local(),
         torch.arange(12.0).reshape(6, 2) * 2,
     )
+    if round == 1:
+        dist.new_group(list(range(world.size)))
+
+
+_SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize(
+    "step", ["made", "kept", "makes_a_group", "fresh_after_a_group", "fails", "fresh_after_failing"]
+)
+def test_world_meshes_are_kept_while_tests_pass(world, step):
+    """One world runs the steps in order: a mesh outlives a passing test, not one that made
+    another group or failed (then its groups are destroyed)."""
+    mesh = world.mesh((1, world.size), ("single", "all"))
+    groups = {mesh.get_group(dim) for dim in range(mesh.ndim)} - {c10d.GroupMember.WORLD}
+    assert groups, "a mesh of two dims has a group besides the default one"
+    if step == "made":
+        _SEEN.update(pid=os.getpid(), mesh=mesh, groups=groups)
+        return
+    assert os.getpid() == _SEEN["pid"], "the steps ran in another world"
+    earlier = _SEEN["mesh"]
+    if step.startswith("fresh"):
+        assert mesh is not earlier
+        assert not _SEEN["groups"] & set(c10d._world.pg_map)
+        assert set(c10d._world.pg_map) == groups | {c10d.GroupMember.WORLD}
+        _SEEN.update(mesh=mesh, groups=groups)
+        return
+    assert mesh is earlier
+    if step == "makes_a_group":
+        dist.new_group(list(range(world.size)))
+    if step == "fails":
+        raise AssertionError("every rank fails this step")
 
 
 @pytest.mark.world(2)

@@ -1,0 +1,118 @@
+"""Process groups and device meshes from one test to the next, on a rank.
+
+DTensor caches its sharding decisions by mesh equality, so they must go with the groups they
+name: a later test's equal mesh would hit them and get specs on destroyed groups. Clearing them
+after every test made every test decide each DTensor operation anew (the decisions of two Adam
+steps cost a 4-rank FSDP2 cell about 60 ms, more than the steps). So the meshes tests ask of
+``world.mesh`` are kept for the world's next test, with the caches, while tests pass, make no
+other process group and destroy none of the meshes'. Otherwise every group but the default one
+is destroyed and the caches are cleared: the next test starts as in a fresh world. Ranks decide
+alike: from their process-group counter (``new_group`` counts on every rank, member or not) and
+their own outcome, on both of which the controller keeps a world only where ranks agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MeshKey = tuple[str, tuple[int, ...], tuple[str, ...] | None]
+
+
+class KeptMeshes:
+    """The meshes of a rank's world tests, by device type, shape and dim names."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self._meshes: dict[MeshKey, DeviceMesh] = {}
+        # The process-group counter as it would read had only the kept meshes made groups.
+        self._expected_count = dist.get_pg_count()
+
+    def mesh(
+        self, device_type: str, dims: tuple[int, ...], names: tuple[str, ...] | None
+    ) -> DeviceMesh:
+        """The kept mesh of this shape and names, made (on every rank) where there is none."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        key = (device_type, dims, names)
+        if key not in self._meshes:
+            before = dist.get_pg_count()
+            self._meshes[key] = init_device_mesh(device_type, dims, mesh_dim_names=names)
+            self._expected_count += dist.get_pg_count() - before
+        return self._meshes[key]
+
+    def after_test(self, passed: bool) -> int:
+        """Keep the meshes if the test passed and made no other group; else undo every group
+        and cached decision. Returns the process-group counter."""
+        import torch.distributed as dist
+
+        count = dist.get_pg_count()
+        if not (passed and count == self._expected_count and self._intact()):
+            _destroy_groups()
+            self._meshes.clear()
+            self._expected_count = count
+        return count
+
+    def _intact(self) -> bool:
+        """Every kept mesh's groups are still registered (a test may destroy them)."""
+        from torch.distributed import distributed_c10d as c10d
+
+        return all(
+            group in c10d._world.pg_map
+            for mesh in self._meshes.values()
+            for group in (mesh.get_group(dim) for dim in range(mesh.ndim))
+        )
+
+
+def _destroy_groups() -> None:
+    """Destroy every group but the default one, and DTensor's decisions that name them."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    for group in list(c10d._world.pg_map):
+        if group is not c10d.GroupMember.WORLD:
+            dist.destroy_process_group(group)
+    _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions: they hold the meshes of earlier tests.
+
+    A mesh equal to an earlier test's (same ranks, shape and names) hits those
+    caches and gets back specs on the old mesh, whose groups were destroyed.
+    Until a test has imported DTensor there is nothing to clear, and importing
+    it here would cost every world seconds at its first test.
+    """
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for clear in _dtensor_cache_clears():
+        clear()
+
+
+@functools.cache
+def _dtensor_cache_clears() -> tuple[Callable[[], None], ...]:
+    """The ``cache_clear`` of each of DTensor's sharding caches, found once per process."""
+    import torch
+
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:  # a torch whose DTensor lives elsewhere
+        return ()
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    cached = [getattr(_redistribute, "_gen_transform_infos", None)]
+    if propagator is not None:
+        cached += [getattr(propagator, name, None) for name in dir(propagator)]
+        # Releases such as 2.8 wrap the propagation cache in a thread-local holder of an
+        # lru_cache (its ``cache``); ranks run tests on their main thread.
+        cached += [getattr(function, "cache", None) for function in cached]
+    clears = [getattr(function, "cache_clear", None) for function in cached]
+    # The C++ dispatch fast path keeps its own cache.
+    clears.append(getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))
+    return tuple(clear for clear in clears if callable(clear))
