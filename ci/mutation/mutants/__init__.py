@@ -16,6 +16,7 @@ import sys
 
 from ci.mutation.mutants import (
     checkpoint_async,
+    checkpoint_files,
     checkpoint_formats,
     checkpoint_planning,
     checkpoint_state_dict,
@@ -67,6 +68,7 @@ def catalogue() -> dict[str, Mutant]:
         checkpoint_async,
         checkpoint_planning,
         checkpoint_formats,
+        checkpoint_files,
     ):
         for mutant in module.MUTANTS:
             if mutant.name in mutants:

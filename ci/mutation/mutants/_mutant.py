@@ -29,6 +29,8 @@ PLANNER_HELPERS = "torch.distributed.checkpoint.planner_helpers"
 # DCP's conversions to and from torch.save files, and its Hugging Face safetensors writer.
 FORMAT_UTILS = "torch.distributed.checkpoint.format_utils"
 HF_STORAGE = "torch.distributed.checkpoint.hf_storage"
+# DCP's file storage, as it reads checkpoints that other releases wrote.
+FILESYSTEM = "torch.distributed.checkpoint.filesystem"
 UPSTREAM_MODULES = (
     *MODELLED_MODULES,
     *ASYNC_MODULES,
@@ -36,6 +38,7 @@ UPSTREAM_MODULES = (
     PLANNER_HELPERS,
     FORMAT_UTILS,
     HF_STORAGE,
+    FILESYSTEM,
 )
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
