@@ -181,6 +181,9 @@ class FlatParamShard:
     layout: FlatLayout
     shard_rank: int
     group: Any  # the shard group (a ProcessGroup)
+    # Where FSDP1 computes and gathers; the flat parameter lives on the host instead when its
+    # parameters are offloaded (``CPUOffload(offload_params=True)``).
+    compute_device: torch.device
     mesh: Any | None = None  # the DeviceMesh FSDP1 was given, if any
     sharded: bool = True  # False under NO_SHARD (a shard group of one rank is still sharded)
 
@@ -215,8 +218,9 @@ class FlatParamShard:
     def unsharded(self, value: torch.Tensor) -> torch.Tensor:
         """A flat-shard-sized ``value`` from every rank of the shard group, joined and unpadded.
 
-        A collective of the shard group where it has several ranks; for one
-        rank, a view of ``value`` itself.
+        A collective of the shard group where it has several ranks, gathered on the compute
+        device as FSDP1 gathers (an offloaded shard is copied there first); for one rank, a
+        view of ``value`` itself, wherever it lives.
         """
         layout = self.layout
         if layout.shard_count == 1:
@@ -226,8 +230,8 @@ class FlatParamShard:
                 f"{self.fqns}: a flat value of {value.numel()} elements; "
                 f"the flat shard has {layout.shard_numel}"
             )
-        gathered = value.new_zeros(layout.padded_numel)
-        dist.all_gather_into_tensor(gathered, value.to(self.flat_param.device), group=self.group)
+        gathered = torch.zeros(layout.padded_numel, dtype=value.dtype, device=self.compute_device)
+        dist.all_gather_into_tensor(gathered, value.to(self.compute_device), group=self.group)
         return gathered[: layout.unsharded_numel]
 
 
@@ -257,6 +261,15 @@ def flat_param_shards(model: torch.nn.Module) -> list[FlatParamShard]:
         shard_rank = group.rank() if sharded else 0
         mesh = getattr(module, "_device_mesh", None)
         shards.append(
-            FlatParamShard(prefix, flat_param, layout, shard_rank, group, mesh, sharded=sharded)
+            FlatParamShard(
+                prefix,
+                flat_param,
+                layout,
+                shard_rank,
+                group,
+                module.compute_device or flat_param.device,
+                mesh,
+                sharded=sharded,
+            )
         )
     return shards

@@ -63,13 +63,16 @@ def sharded_tensor_of_row_chunks(
     shape: torch.Size,
     like: torch.Tensor,
     group: Any,
+    placements: list[str] | None = None,
 ) -> ShardedTensor:
     """A ShardedTensor of ``shape`` whose group rank ``r`` holds the rows ``chunks[r]``.
 
     ``chunks`` are ``(start, length)`` along dim 0, one per rank from rank 0
     (ranks past the list hold nothing); ``local`` is this rank's piece, kept
     as it is (no copy). ``like`` gives the dtype, layout, pinning and
-    ``requires_grad`` the metadata records.
+    ``requires_grad`` the metadata records. ``placements`` name where each
+    chunk lives; None places them as FSDP1's sharded state dict does, by
+    global rank on the group's default device type, without communication.
     """
     tail = [0] * (len(shape) - 1)
     shards = []
@@ -78,14 +81,14 @@ def sharded_tensor_of_row_chunks(
         placement = f"rank:{group.rank()}/{local.device}"
         metadata = ShardMetadata([start, *tail], list(local.shape), placement)
         shards.append(LocalShard(local, metadata))
-    device_type = default_device(group).type
+    if placements is None:
+        device_type = default_device(group).type
+        placements = [
+            _placement(dist.get_global_rank(group, r), device_type) for r in range(len(chunks))
+        ]
     everyones = [
-        ShardMetadata(
-            [start, *tail],
-            [length, *shape[1:]],
-            _placement(dist.get_global_rank(group, r), device_type),
-        )
-        for r, (start, length) in enumerate(chunks)
+        ShardMetadata([start, *tail], [length, *shape[1:]], placement)
+        for (start, length), placement in zip(chunks, placements, strict=True)
     ]
     properties = TensorProperties(
         dtype=like.dtype,
@@ -97,6 +100,15 @@ def sharded_tensor_of_row_chunks(
     return ShardedTensor._init_from_local_shards_and_global_metadata(
         shards, ShardedTensorMetadata(everyones, shape, properties), process_group=group
     )
+
+
+def gathered_placements(local: torch.Tensor | None, group: Any) -> list[str]:
+    """Where each group rank's piece lives, learnt from every rank as ``init_from_local_shards``
+    learns it (a collective of ``group``): ``rank:r/device`` by group rank, for the ranks that
+    hold a piece, which are the first ones."""
+    devices: list[str | None] = [None] * group.size()
+    dist.all_gather_object(devices, None if local is None else str(local.device), group=group)
+    return [f"rank:{r}/{device}" for r, device in enumerate(devices) if device is not None]
 
 
 def _placement(global_rank: int, device_type: str) -> str:

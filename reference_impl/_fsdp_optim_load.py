@@ -97,11 +97,11 @@ def fsdp_optim_state_dict_to_load(
 
 
 def _compute_device(model: nn.Module) -> torch.device:
-    """Where FSDP1 computes: its flat parameters' device."""
+    """Where FSDP1 computes (its flat parameters live on the host when offloaded)."""
     shards = flat_param_shards(model)
     if not shards:
         raise ValueError("the model has no FSDP1 module with parameters")
-    return shards[0].flat_param.device
+    return shards[0].compute_device
 
 
 def _full(shard: FlatParamShard, state: dict[str, Any]) -> dict[str, Any]:

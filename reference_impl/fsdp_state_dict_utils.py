@@ -48,7 +48,11 @@ from reference_impl._fsdp1_model import (
     Original,
     Request,
 )
-from reference_impl._fsdp_chunks import chunk_like_fsdp, sharded_tensor_of_row_chunks
+from reference_impl._fsdp_chunks import (
+    chunk_like_fsdp,
+    gathered_placements,
+    sharded_tensor_of_row_chunks,
+)
 from reference_impl._fsdp_model_load import IncompatibleKeys, fsdp_load_state_dict
 
 __all__ = ["IncompatibleKeys", "fsdp_load_state_dict", "fsdp_state_dict"]
@@ -70,7 +74,8 @@ def fsdp_state_dict(
     """
     parts = Fsdp1Model(model, Request.of(state_dict_type, config))
     full_flats = {
-        id(shard): shard.unsharded(shard.flat_param.detach())
+        # FSDP1 unshards on the compute device, bringing offloaded parameters there first.
+        id(shard): shard.unsharded(shard.flat_param.detach().to(shard.compute_device))
         for shard in parts.shards
         if parts.request_of(shard).state_dict_type != LOCAL
     }
@@ -147,7 +152,8 @@ def _local_flat_shard(shard: FlatParamShard) -> ShardedTensor:
     """The flat shard without tail padding: a 1-D ShardedTensor over the unpadded flat parameter.
 
     The local piece is a view of the flat parameter, as FSDP1's is (it keeps
-    ``requires_grad``, which the metadata records).
+    ``requires_grad``, which the metadata records); each piece is placed where its rank
+    holds it, learnt from the shard group as FSDP1's ``init_from_local_shards`` learns it.
     """
     layout = shard.layout
     sizes = [layout.unpadded_shard_numel(r) for r in range(layout.shard_count)]
@@ -155,4 +161,7 @@ def _local_flat_shard(shard: FlatParamShard) -> ShardedTensor:
     valid = sizes[shard.shard_rank]
     local = shard.flat_param[:valid] if valid > 0 else None
     size = torch.Size([layout.unsharded_numel])
-    return sharded_tensor_of_row_chunks(local, chunks, size, shard.flat_param, shard.group)
+    placements = gathered_placements(local, shard.group)
+    return sharded_tensor_of_row_chunks(
+        local, chunks, size, shard.flat_param, shard.group, placements
+    )
