@@ -54,7 +54,7 @@ def nested(
     torch.manual_seed(SEED)
     first, second = _linear(checkpoint and wrap), _linear(checkpoint and wrap)
     if not wrap:
-        return nn.Sequential(first, second)
+        return nn.Sequential(first, second).to(device)
     sequence: nn.Module = nn.Sequential(fsdp1(first, device, **kwargs), second)
     if checkpoint:
         sequence = activation_checkpointing.checkpoint_wrapper(sequence)
@@ -67,7 +67,7 @@ class NonFsdpRoot(nn.Module):
     def __init__(self, device: torch.device, wrap: bool = True, **kwargs: Any) -> None:
         super().__init__()
         torch.manual_seed(SEED)
-        self.non_fsdp_lin = nn.Linear(10, 10, bias=False)
+        self.non_fsdp_lin = nn.Linear(10, 10, bias=False).to(device)  # FSDP1 moves only its own
         self.fsdp_1 = nested(device, wrap=wrap, **kwargs)
         self.fsdp_2 = nested(device, wrap=wrap, **kwargs)
 
@@ -195,7 +195,9 @@ class WithSkippedModule(nn.Module):
         self.linear = nn.Linear(10, 10, bias=False)
         inner = nn.Sequential(nn.Linear(10, 10, bias=False), nn.Linear(10, 10, bias=False))
         self.nested_linear = fsdp1(inner, device) if wrap else inner
-        self.linear_skip = nn.Linear(10, 10, bias=False)
+        self.linear_skip = nn.Linear(10, 10, bias=False).to(device)  # left out of FSDP1's move
+        if not wrap:
+            self.to(device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_skip(self.nested_linear(self.linear(x)))
