@@ -3,6 +3,7 @@ release, each release's totals, and the failures no entry expects."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,27 @@ def test_a_skip_record_shows_by_its_run_with_the_skip_lifted() -> None:
         if row.id == "hang-given-an-fsdp2-model-s-own"
     ]
     assert unlifted.showing == ["not run", "not run"]
+
+
+def test_an_earlier_runs_results_bring_the_run_of_their_skips_lifted_beside_them(
+    tmp_path: Path,
+) -> None:
+    hang = (
+        "conformance/test_upstream_failures.py::"
+        "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
+    )
+    with_lifted, without = tmp_path / "a" / "results.json", tmp_path / "b" / "results.json"
+    for path in (with_lifted, without):
+        path.parent.mkdir()
+        _results("2.13.0", [(hang, "skipped")]).save(path)
+    (with_lifted.parent / "lifted").mkdir()
+    _results("2.13.0", [(hang, "xpassed")]).save(with_lifted.parent / "lifted" / "results.json")
+    for results, expected in ((with_lifted, "passes"), (without, "not run")):
+        out = tmp_path / f"map-{results.parent.name}"
+        assert cli.main([f"torch==2.13.0={results}", "--out", str(out)]) == 0
+        rows = json.loads((out / "release-map.json").read_text())["rows"]
+        (row,) = [row for row in rows if row["id"] == "hang-given-an-fsdp2-model-s-own"]
+        assert row["showing"] == [expected]
 
 
 def test_the_map_shows_which_golden_loads_fail_by_the_release_that_wrote_the_set() -> None:

@@ -10,11 +10,12 @@ lands in ``OUT/runs/<name>/``. A second run there (``OUT/runs/<name>/lifted/``) 
 skips of the manifest: the tests skip records hold back run, each in a world of its own under
 a short deadline, so a hang fixed in a release shows as passing in the map
 (``--no-lift-skips`` leaves it out). ``REQUIREMENT=PATH`` takes a results file of an earlier
-run instead. ``--golden-sets DIR`` has every run load the golden sets under ``DIR`` (a fork's,
-written by ``python -m ci.gate.golden``) instead of the committed ones, and the map shows which
-loads fail in each release. Writes ``release-map.md``, ``.html`` and ``.json`` into
-``--out``. The map is the record, not a verdict: it exits 0 once every run has left a results
-file, 1 otherwise.
+run instead, and the run of its skips lifted where one lies beside it
+(``lifted/results.json``, as this command lays them out). ``--golden-sets DIR`` has every run
+load the golden sets under ``DIR`` (a fork's, written by ``python -m ci.gate.golden``) instead
+of the committed ones, and the map shows which loads fail in each release. Writes
+``release-map.md``, ``.html`` and ``.json`` into ``--out``. The map is the record, not a
+verdict: it exits 0 once every run has left a results file, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -116,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((requirement, GateResults.load(path)))
         else:
             missing.append(requirement)
-        if args.lift_skips and recorded is None:
+        if recorded is not None:
+            beside = recorded.parent / "lifted" / "results.json"
+            if beside.exists():
+                lifted[requirement] = GateResults.load(beside)
+        elif args.lift_skips:
             lifted_args = [*pytest_args, LIFT_SKIPS]
             found = run_gate(
                 requirement, args.env, workdir, report / "lifted", lifted_args, args.golden_sets
