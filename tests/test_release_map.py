@@ -16,6 +16,12 @@ from conformance import UPSTREAM_MANIFEST
 from harness.manifest import Divergence, load
 from harness.outcomes import Outcome
 
+# A skip record's test, and the record.
+HANG = (
+    "conformance/test_upstream_failures.py::"
+    "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
+)
+HANG_RECORD = "hang-given-an-fsdp2-model-s-own"
 OFFLOAD = (
     "conformance/test_upstream_failures.py::"
     "test_fsdp1_full_offloaded_state_dict_equals_single_process"
@@ -93,50 +99,34 @@ def test_a_requirement_may_name_an_earlier_runs_results(tmp_path: Path) -> None:
 
 
 def test_a_skip_record_shows_by_its_run_with_the_skip_lifted() -> None:
-    hang = (
-        "conformance/test_upstream_failures.py::"
-        "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
-    )
     gate = {
-        "torch==2.13.0": _results("2.13.0", [(hang, "skipped")]),
-        "torch==2.15.0": _results("2.15.0", [(hang, "skipped")]),
+        "torch==2.13.0": _results("2.13.0", [(HANG, "skipped")]),
+        "torch==2.15.0": _results("2.15.0", [(HANG, "skipped")]),
     }
     lifted = {
-        "torch==2.13.0": _results("2.13.0", [(hang, "xfailed")]),
-        "torch==2.15.0": _results("2.15.0", [(hang, "xpassed")]),
+        "torch==2.13.0": _results("2.13.0", [(HANG, "xfailed")]),
+        "torch==2.15.0": _results("2.15.0", [(HANG, "xpassed")]),
     }
-    (row,) = [
-        row
-        for row in release_map(list(gate.items()), lifted).rows
-        if row.id == "hang-given-an-fsdp2-model-s-own"
-    ]
+    (row,) = [row for row in release_map(list(gate.items()), lifted).rows if row.id == HANG_RECORD]
     assert row.showing == ["fails", "passes"]
-    (unlifted,) = [
-        row
-        for row in release_map(list(gate.items())).rows
-        if row.id == "hang-given-an-fsdp2-model-s-own"
-    ]
+    (unlifted,) = [row for row in release_map(list(gate.items())).rows if row.id == HANG_RECORD]
     assert unlifted.showing == ["not run", "not run"]
 
 
 def test_an_earlier_runs_results_bring_the_run_of_their_skips_lifted_beside_them(
     tmp_path: Path,
 ) -> None:
-    hang = (
-        "conformance/test_upstream_failures.py::"
-        "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
-    )
     with_lifted, without = tmp_path / "a" / "results.json", tmp_path / "b" / "results.json"
     for path in (with_lifted, without):
         path.parent.mkdir()
-        _results("2.13.0", [(hang, "skipped")]).save(path)
-    (with_lifted.parent / "lifted").mkdir()
-    _results("2.13.0", [(hang, "xpassed")]).save(with_lifted.parent / "lifted" / "results.json")
+        _results("2.13.0", [(HANG, "skipped")]).save(path)
+    (with_lifted.parent / cli.LIFTED).mkdir()
+    _results("2.13.0", [(HANG, "xpassed")]).save(with_lifted.parent / cli.LIFTED / "results.json")
     for results, expected in ((with_lifted, "passes"), (without, "not run")):
         out = tmp_path / f"map-{results.parent.name}"
         assert cli.main([f"torch==2.13.0={results}", "--out", str(out)]) == 0
         rows = json.loads((out / "release-map.json").read_text())["rows"]
-        (row,) = [row for row in rows if row["id"] == "hang-given-an-fsdp2-model-s-own"]
+        (row,) = [row for row in rows if row["id"] == HANG_RECORD]
         assert row["showing"] == [expected]
 
 

@@ -34,6 +34,7 @@ from ci.releases.table import release_map
 from conformance import golden
 
 LIFT_SKIPS = "--manifest-lift-skips"  # the conformance conftest's option
+LIFTED = "lifted"  # the folder, beside a run's results, of its run with skips lifted
 
 
 def slug(requirement: str) -> str:
@@ -118,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             missing.append(requirement)
         if recorded is not None:
-            beside = recorded.parent / "lifted" / "results.json"
+            beside = recorded.parent / LIFTED / "results.json"
             if beside.exists():
                 lifted[requirement] = GateResults.load(beside)
         elif args.lift_skips:
             lifted_args = [*pytest_args, LIFT_SKIPS]
             found = run_gate(
-                requirement, args.env, workdir, report / "lifted", lifted_args, args.golden_sets
+                requirement, args.env, workdir, report / LIFTED, lifted_args, args.golden_sets
             )
             if found.exists():
                 lifted[requirement] = GateResults.load(found)
