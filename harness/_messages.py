@@ -75,6 +75,16 @@ class TestRequest:
 
 
 @dataclass(frozen=True)
+class BodyEnded:
+    """Rank → controller: the test body ended with ``status``; the rank now cleans up after
+    it (destroys the test's process groups) and then sends its ``RankResult``. A rank that
+    hangs or dies after this message did so in clean-up, and its report says so."""
+
+    rank: int
+    status: RankStatus
+
+
+@dataclass(frozen=True)
 class RankResult:
     """Rank → controller: how one test body ended on one rank.
 

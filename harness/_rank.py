@@ -120,6 +120,8 @@ class RankLoop:
             self.conn.send(self.run_test(message))
 
     def run_test(self, call: msg.TestRequest) -> msg.RankResult:
+        """Run one test body; say how it ended (``BodyEnded``) before cleaning up after it,
+        then return the result with the counters read in clean-up."""
         import torch
 
         from harness import _rank_pytest
@@ -152,6 +154,7 @@ class RankLoop:
                 headline = describe_exception(exc)
             finally:
                 torch.set_default_dtype(default_dtype)
+        self.conn.send(msg.BodyEnded(rank=self.rank, status=status))
         return msg.RankResult(
             rank=self.rank,
             status=status,

@@ -34,6 +34,7 @@ from harness._capture import STREAMS, read_capture, stack_dump_path
 from harness._forkserver import ForkedRank, ForkServerError, ForkServers
 from harness._outcome import WorldOutcome, describe_exit
 from harness._spec import WorldSpec
+from harness.outcomes import RankStatus
 
 LOOPBACK = "127.0.0.1"
 # How long survivors may still finish after a rank died before they count as hung.
@@ -293,11 +294,12 @@ class World:
         """Gather results until every rank reported, died, or the deadline passed; once a
         rank died or failed, the others get a short grace, not the rest of the deadline."""
         cut = _Cut(deadline, f"did not finish within the {timeout_s:g} s deadline")
+        body_ended: dict[int, RankStatus] = {}  # ranks whose body ended, still cleaning up
         while len(results) < self.spec.size:
             pending = [p for p in self._ranks if p.rank not in results]
             remaining = cut.at - time.monotonic()
             if remaining <= 0:
-                self._mark_hung(pending, results, cut.why)
+                self._mark_hung(pending, results, cut.why, body_ended)
                 return
             watched: list[Any] = [p.conn for p in pending if p.conn is not None]
             watched += [p.exit_fd for p in pending]
@@ -306,12 +308,15 @@ class World:
                 if proc.rank in results:
                     continue
                 result = self._receive(proc)
-                if result is None:
+                if isinstance(result, msg.BodyEnded):
+                    body_ended[proc.rank] = result.status
+                elif result is None:
                     status = proc.popen.wait()
+                    where = _stopped_in(body_ended.get(proc.rank)) or "during the test"
                     results[proc.rank] = msg.RankResult(
                         rank=proc.rank,
                         status=outcomes.CRASHED,
-                        longrepr=f"rank {proc.rank} {describe_exit(status)} during the test",
+                        longrepr=f"rank {proc.rank} {describe_exit(status)} {where}",
                     )
                     cut.sooner(CRASH_GRACE_S, "still running after another rank died")
                 else:
@@ -323,26 +328,33 @@ class World:
                         )
 
     @staticmethod
-    def _receive(proc: _RankProcess) -> msg.RankResult | None:
-        """The rank's result, or None if its process is gone."""
+    def _receive(proc: _RankProcess) -> msg.BodyEnded | msg.RankResult | None:
+        """The rank's next message (its body ended, or its result), or None if its process
+        is gone."""
         assert proc.conn is not None
         if proc.exit_status() is not None and not proc.conn.poll():
             return None
         try:
-            reply: msg.RankResult = proc.conn.recv()
+            reply: msg.BodyEnded | msg.RankResult = proc.conn.recv()
         except (EOFError, OSError):
             return None
         return reply
 
     def _mark_hung(
-        self, pending: list[_RankProcess], results: dict[int, msg.RankResult], why: str
+        self,
+        pending: list[_RankProcess],
+        results: dict[int, msg.RankResult],
+        why: str,
+        body_ended: dict[int, RankStatus],
     ) -> None:
         stacks = self._dump_stacks(pending)
         for proc in pending:
+            where = _stopped_in(body_ended.get(proc.rank))
+            what = f"rank {proc.rank} {why}" + (f", {where}" if where else "")
             results[proc.rank] = msg.RankResult(
                 rank=proc.rank,
                 status=outcomes.HUNG,
-                longrepr=f"rank {proc.rank} {why}; its Python stacks:\n{stacks[proc.rank]}",
+                longrepr=f"{what}; its Python stacks:\n{stacks[proc.rank]}",
             )
 
     def _dump_stacks(self, procs: list[_RankProcess]) -> dict[int, str]:
@@ -382,6 +394,13 @@ def rank_env(settings: WorldSettings, rank: int) -> dict[str, str]:
     for name, value in memory.ALLOCATOR_ENV.items():
         env.setdefault(name, value)  # steady peak-memory readings
     return env
+
+
+def _stopped_in(body_ended: RankStatus | None) -> str:
+    """Where a rank that sent no result stopped, when its body had ended: in clean-up. The
+    test still fails (a hung or dead rank never passes); the report keeps the body's outcome
+    so that a clean-up fault is not read as a fault of the test's checks."""
+    return "" if body_ended is None else f"in clean-up after its test body {body_ended}"
 
 
 @dataclass

@@ -58,6 +58,22 @@ FAULTS = {
     "exit_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "exited with code 13"]),
     "segfault_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGSEGV"]),
     "sigkill_one_rank": lambda n: ("failed", [f"rank {last(n)} crashed", "killed by SIGKILL"]),
+    # The body passed on every rank; the last rank's clean-up after it hung or died.
+    "hang_in_clean_up": lambda n: (
+        "failed",
+        [
+            f"rank {last(n)} hung",
+            "did not finish within the 3 s deadline, in clean-up after its test body passed",
+            "in clean_up_that_hangs",
+        ],
+    ),
+    "exit_in_clean_up": lambda n: (
+        "failed",
+        [
+            f"rank {last(n)} crashed",
+            "exited with code 17 in clean-up after its test body passed",
+        ],
+    ),
     "collective_on_some_ranks": lambda n: (
         "failed",
         ["rank 0 hung", "in test_collective_on_some_ranks"],
@@ -161,3 +177,9 @@ def test_every_collected_test_is_in_the_junit_xml(faults: InnerRun) -> None:
     expected = (bodies - sizes_2_4_only) * len(SIZES) + sizes_2_4_only * 2
     assert len(faults.cases) == expected
     assert faults.returncode == 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_fault_of_the_body_is_not_called_one_of_clean_up(faults: InnerRun, size: int) -> None:
+    for scenario in ("hang_one_rank", "exit_one_rank"):
+        assert "in clean-up" not in faults.message(f"test_{scenario}[w{size}]")

@@ -181,6 +181,48 @@ def test_probe_after_failure_leaves_peers_waiting(world):
     dist.barrier()
 
 
+def clean_up_that_hangs():
+    time.sleep(600)
+
+
+def clean_up_that_exits():
+    os._exit(17)
+
+
+def fault_the_last_ranks_clean_up(world, fault):
+    """Make a group for clean-up to destroy, and make the last rank's destroying fault:
+    its world is replaced after this test, so the fault goes with it."""
+    dist.new_group()
+    if last_rank(world):
+        import harness._groups
+
+        harness._groups._destroy_groups = fault
+
+
+@pytest.mark.world(1, 2, 4, timeout=3)
+def test_hang_in_clean_up(world):
+    record_pid(world, "hang_in_clean_up")
+    fault_the_last_ranks_clean_up(world, clean_up_that_hangs)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_hang_in_clean_up(world):
+    record_pid(world, "probe_after_hang_in_clean_up")
+    dist.barrier()
+
+
+@pytest.mark.world(1, 2, 4)
+def test_exit_in_clean_up(world):
+    record_pid(world, "exit_in_clean_up")
+    fault_the_last_ranks_clean_up(world, clean_up_that_exits)
+
+
+@pytest.mark.world(1, 2, 4)
+def test_probe_after_exit_in_clean_up(world):
+    record_pid(world, "probe_after_exit_in_clean_up")
+    dist.barrier()
+
+
 @pytest.mark.world(1, 2, 4)
 def test_skip_on_some_ranks(world):
     record_pid(world, "skip_on_some_ranks")
