@@ -170,7 +170,7 @@ class RankLoop:
 def _connect(rank: int, authkey: bytes) -> Connection:
     """Connect to the controller (authenticated) and say which rank this is."""
     host, port = os.environ[CONTROLLER_ADDRESS].rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=authkey)
+    conn = msg.without_delay(Client((host, int(port)), authkey=authkey))
     conn.send(rank)
     return conn
 

@@ -180,7 +180,7 @@ class World:
         def accept_all() -> None:
             for _ in range(self.spec.size):
                 try:
-                    accepted.put(listener.accept())
+                    accepted.put(msg.without_delay(listener.accept()))
                 except BaseException as exc:
                     accepted.put(exc)
                     return

@@ -138,6 +138,15 @@ def test_a_test_that_asks_for_a_fresh_world_leaves_the_next_one_a_new_world(
     assert pool.spawned == 2
 
 
+def test_ranks_send_their_messages_to_the_controller_at_once(
+    pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
+) -> None:
+    """A rank sends two small messages per test; with Nagle's algorithm on, the second waits
+    40 ms for the first's delayed acknowledgement (a third of a 2-rank test's time)."""
+    pool = new_pool(pool_factory, max_alive=1)
+    run(pool, TWO, tmp_path, body="test_check_the_controller_connection_sends_at_once")
+
+
 def test_max_alive_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_alive must be at least 1"):
         WorldPool(settings(), max_alive=0)

@@ -16,3 +16,36 @@ def test_report_pid(world):
 def test_ask_for_a_fresh_world(world):
     assert world.respawn_after_test()
     test_report_pid(world)
+
+
+def tcp_peer(fd):
+    """The socket on ``fd``, dup'ed, and the address it is connected to, or None."""
+    import socket
+
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:  # not a socket
+        return None, None
+    try:
+        return sock, sock.getpeername() if sock.family == socket.AF_INET else None
+    except OSError:  # a listening socket
+        return sock, None
+
+
+def test_check_the_controller_connection_sends_at_once(world):
+    """The rank's connection to the controller has Nagle's algorithm off (TCP_NODELAY)."""
+    import socket
+
+    from harness._env import CONTROLLER_ADDRESS
+
+    host, port = os.environ[CONTROLLER_ADDRESS].rsplit(":", 1)
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        sock, peer = tcp_peer(int(name))
+        if sock is None:
+            continue
+        with sock:
+            if peer == (host, int(port)):
+                found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    assert found == [1], found
+    test_report_pid(world)
