@@ -142,7 +142,7 @@ def test_ranks_send_their_messages_to_the_controller_at_once(
     pool_factory: tuple[list[WorldPool], ForkServers | None], tmp_path: Path
 ) -> None:
     """A rank sends two small messages per test; with Nagle's algorithm on, the second waits
-    40 ms for the first's delayed acknowledgement (a third of a 2-rank test's time)."""
+    40 ms for the first's delayed acknowledgement."""
     pool = new_pool(pool_factory, max_alive=1)
     run(pool, TWO, tmp_path, body="test_check_the_controller_connection_sends_at_once")
 
