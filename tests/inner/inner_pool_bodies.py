@@ -23,8 +23,13 @@ def tcp_peer(fd):
     import socket
 
     try:
-        sock = socket.socket(fileno=os.dup(fd))
+        dup = os.dup(fd)
+    except OSError:  # closed since it was listed: the listing's own
+        return None, None
+    try:
+        sock = socket.socket(fileno=dup)
     except OSError:  # not a socket
+        os.close(dup)
         return None, None
     try:
         return sock, sock.getpeername() if sock.family == socket.AF_INET else None
