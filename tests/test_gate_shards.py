@@ -1,5 +1,5 @@
 """Shards of a gate run: their union is the whole id set, no id twice, of near-equal recorded
-time, and the merged report equals one run's."""
+time, and the merged report equals one run's; so does a run of jobs side by side."""
 
 from __future__ import annotations
 
@@ -78,9 +78,17 @@ def _comparable(results: GateResults) -> dict[str, object]:
     return data
 
 
-def test_merged_shards_report_what_one_run_does(tmp_path: Path) -> None:
-    suite, manifest = inner_suite(tmp_path)
-    _run(tmp_path / "whole", suite, manifest)
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, GateResults]:
+    """The inner suite, its fork manifest, and the results of one gate run of it."""
+    work = tmp_path_factory.mktemp("shards")
+    suite, manifest = inner_suite(work)
+    _run(work / "whole", suite, manifest)
+    return suite, manifest, GateResults.load(work / "whole" / "results.json")
+
+
+def test_merged_shards_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
+    suite, manifest, whole = whole_run
     _run(tmp_path / "shard1", suite, manifest, "--shard", "1/2")
     _run(tmp_path / "shard2", suite, manifest, after=("--shard=2/2",))  # as tox passes it
     shards = [GateResults.load(tmp_path / f"shard{k}" / "results.json") for k in (1, 2)]
@@ -92,15 +100,42 @@ def test_merged_shards_report_what_one_run_does(tmp_path: Path) -> None:
         )
         == 1
     )
-    whole = GateResults.load(tmp_path / "whole" / "results.json")
-    merged = GateResults.load(tmp_path / "merged" / "results.json")
+    _assert_reports_one_run(tmp_path / "merged", whole)
+
+
+def _assert_reports_one_run(out: Path, whole: GateResults) -> None:
+    merged = GateResults.load(out / "results.json")
     assert _comparable(merged) == _comparable(whole)
     assert merged.unused_entries  # the stale record of the fork's manifest, as one run finds it
-    cases = ElementTree.parse(tmp_path / "merged" / "junit.xml").getroot().iter("testcase")
+    cases = ElementTree.parse(out / "junit.xml").getroot().iter("testcase")
     assert len(list(cases)) == len(whole.tests)
-    title = (tmp_path / "whole" / "report.md").read_text().splitlines()[0]
+    title = (out / "report.md").read_text().splitlines()[0]
     assert title == "# State-dict conformance gate: FAILED (4 failing test ids)"
-    assert (tmp_path / "merged" / "report.md").read_text().splitlines()[0] == title
+
+
+def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
+    suite, manifest, whole = whole_run
+    completed = gate_on_inner_suite(suite, manifest, tmp_path / "out", "--jobs", "2")
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 1, output
+    _assert_reports_one_run(tmp_path / "out", whole)
+    parts = [GateResults.load(tmp_path / "out" / "jobs" / f"{j}" / "results.json") for j in (1, 2)]
+    assert all(part.tests for part in parts)
+    assert "[job 1/2] " in output
+    assert "[job 2/2] " in output
+
+
+def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run) -> None:
+    """``--jobs`` splits the runner's shard again; a job left no ids does not fail the run."""
+    suite, manifest, _ = whole_run
+    _run(tmp_path / "alone", suite, manifest, "--shard", "2/2")
+    completed = gate_on_inner_suite(
+        suite, manifest, tmp_path / "jobs", "--shard", "2/2", after=("--jobs=3",)
+    )
+    alone = GateResults.load(tmp_path / "alone" / "results.json")
+    jobs = GateResults.load(tmp_path / "jobs" / "results.json")
+    assert completed.returncode == alone.exit_status, completed.stdout + completed.stderr
+    assert _comparable(jobs) == _comparable(alone)
 
 
 def _results(torch_version: str, nodeids: list[str]) -> GateResults:

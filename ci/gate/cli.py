@@ -15,18 +15,19 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
-from ci.gate import report_html, report_markdown
 from ci.gate.durations import MEANS, RECORDED
-from ci.gate.report_content import TIERS, content
-from ci.gate.results import GateResults
+from ci.gate.jobs import auto_jobs, parse_jobs, run_jobs
+from ci.gate.report_content import TIERS
+from ci.gate.report_files import write_reports
+from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import quick_tier_ids, world_size_of
 from harness.plugin import RENAMED_OPTIONS
 
-NO_RESULTS_EXIT = 3
 MANIFEST_ENV = "GATE_MANIFEST"
 
 
@@ -78,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
         "at one world size kept together); python -m ci.gate.merge joins the N reports",
     )
     parser.add_argument(
+        "--jobs",
+        default="1",
+        metavar="N",
+        help="run N pytest sessions side by side on this host, each a part of the ids (as "
+        "--shard splits them), their reports merged into one; auto: one per core for CPU "
+        "worlds, as memory allows, and 1 for accelerator worlds (default: 1)",
+    )
+    parser.add_argument(
         "--recorded-durations",
         default=str(RECORDED) if RECORDED.exists() else "",
         metavar="PATH",
@@ -99,8 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
-    """The pytest run of the gate: the suite, the options, and the recorder plugin."""
+def pytest_command(args: argparse.Namespace, out: Path, job: str | None = None) -> list[str]:
+    """The pytest run of the gate: the suite, the options, and the recorder plugin; with
+    ``job`` (``J/N``), the J-th of N parts of the ids it would run."""
     extra: list[str] = args.pytest_args
     named = [
         arg
@@ -131,8 +141,9 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
         command.append("--manifest-lift-skips")
     if args.recorded_durations:
         command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
-    if args.shard:
-        command += ["-p", "ci.gate.shard", f"--gate-shard={args.shard}"]
+    shards = [shard for shard in (args.shard, job) if shard]
+    if shards:
+        command += ["-p", "ci.gate.shard", *(f"--gate-shard={shard}" for shard in shards)]
         if args.shard_weights:
             command.append(f"--gate-shard-durations={Path(args.shard_weights).resolve()}")
     return command + options
@@ -141,6 +152,7 @@ def pytest_command(args: argparse.Namespace, out: Path) -> list[str]:
 GATE_OPTIONS_AFTER_SEPARATOR = (
     "--tier",
     "--shard",
+    "--jobs",
 )  # as `tox -e nccl4 -- --tier quick` passes them
 
 
@@ -159,13 +171,16 @@ def option_among(name: str, pytest_args: list[str]) -> tuple[str | None, list[st
     return None, rest
 
 
-def write_reports(results: GateResults, out: Path) -> list[Path]:
-    """``report.md`` and ``report.html`` of ``results`` in ``out``."""
-    report = content(results)
-    markdown, html = out / "report.md", out / "report.html"
-    markdown.write_text(report_markdown.render(report))
-    html.write_text(report_html.render(report))
-    return [markdown, html]
+def job_count(args: argparse.Namespace) -> int:
+    """How many jobs run side by side: ``--jobs``, ``auto`` resolved for the worlds' device
+    type (which imports torch); ValueError naming a bad count or backend."""
+    count = parse_jobs(args.jobs)
+    if count is not None:
+        return count
+    from harness import devices
+
+    _, device_type = devices.resolve(args.backend, args.device)
+    return auto_jobs(device_type)
 
 
 def refuse_old_spellings(pytest_args: list[str]) -> None:
@@ -194,12 +209,20 @@ def main(argv: list[str] | None = None) -> int:
             parse_shard(args.shard)
         except ValueError as error:
             parser.error(str(error))
+    try:
+        jobs = job_count(args)
+    except ValueError as error:
+        parser.error(str(error))
     refuse_old_spellings(args.pytest_args)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results_path.unlink(missing_ok=True)
-    status = subprocess.run(pytest_command(args, out), cwd=SUITE_ROOT, check=False).returncode
+    if jobs == 1:
+        status = subprocess.run(pytest_command(args, out), cwd=SUITE_ROOT, check=False).returncode
+    else:
+        print(f"gate: {jobs} jobs side by side, each writing into {out / 'jobs'}")
+        status = run_jobs(partial(pytest_command, args), jobs, out, SUITE_ROOT)
     if not results_path.exists():
         print(f"gate: pytest exited with {status} and wrote no results to {out}", file=sys.stderr)
         return status or NO_RESULTS_EXIT

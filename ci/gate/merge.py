@@ -16,10 +16,15 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import replace
 from pathlib import Path
 
-from ci.gate.cli import write_reports
+from ci.gate.report_files import write_reports
 from ci.gate.results import GateResults
 
 JUNIT_COUNTS = ("tests", "failures", "errors", "skipped")
+
+
+def worst_status(statuses: list[int]) -> int:
+    """The exit status of runs side by side: a failing one's, the highest."""
+    return max(statuses, key=lambda status: (status != 0, status))
 
 
 def merged_results(shards: list[GateResults]) -> GateResults:
@@ -44,10 +49,9 @@ def merged_results(shards: list[GateResults]) -> GateResults:
                     f"{test.nodeid} ran in shards {seen[test.nodeid] + 1} and {index + 1}"
                 )
             seen[test.nodeid] = index
-    statuses = [shard.exit_status for shard in shards]
     return replace(
         first,
-        exit_status=max(statuses, key=lambda status: (status != 0, status)),
+        exit_status=worst_status([shard.exit_status for shard in shards]),
         duration_s=max(shard.duration_s for shard in shards),
         tests=[test for shard in shards for test in shard.tests],
     )
@@ -72,8 +76,9 @@ def merged_junit(paths: list[Path]) -> ElementTree.ElementTree:
     return ElementTree.ElementTree(root)
 
 
-def merge(directories: list[Path], out: Path) -> GateResults:
-    """Write the merged junit XML, results and reports of the shards in ``directories``."""
+def merge_files(directories: list[Path], out: Path) -> GateResults:
+    """Write the merged ``results.json`` and ``junit.xml`` of the shards in ``directories``
+    into ``out``; the merged results."""
     missing = [d for d in directories if not (d / "results.json").is_file()]
     if missing:
         raise ValueError(f"no results.json in {', '.join(map(str, missing))}")
@@ -82,6 +87,12 @@ def merge(directories: list[Path], out: Path) -> GateResults:
     results.save(out / "results.json")
     junits = [d / "junit.xml" for d in directories if (d / "junit.xml").is_file()]
     merged_junit(junits).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
+    return results
+
+
+def merge(directories: list[Path], out: Path) -> GateResults:
+    """Write the merged junit XML, results and reports of the shards in ``directories``."""
+    results = merge_files(directories, out)
     write_reports(results, out)
     return results
 

@@ -20,6 +20,7 @@ from harness.outcomes import OUTCOMES, Outcome, is_failure
 # A world test's first failure: "rank 1 failed: ...", "rank 0 hung: ...", "rank 2 crashed: ..."
 _RANK_STATUS = re.compile(r"^rank \d+ (?P<status>\w+): (?P<text>.*)")
 NO_PARALLELISM = "other"  # test ids that name no parallelism: utilities, single process
+NO_RESULTS_EXIT = 3  # the gate's exit status where pytest exited 0 but wrote no results
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Ids go in groups, a module's tests at one world size together (a runner then set
 world once for them, not once per shard), and the groups are dealt, dearest first, to the
 part with the least recorded time so far (each id weighs its test function's mean duration,
 ``ci/gate/mean-durations.json``). ``python -m
-ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``.
+ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``;
+``--gate-shard`` given twice splits the first choice's part again (a runner's shard into the
+jobs that run it side by side, ``ci.gate.jobs``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,12 @@ def split(ids: list[str], durations: dict[str, float], count: int) -> list[list[
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gate")
-    group.addoption("--gate-shard", metavar="K/N", help="run the K-th of N parts of the ids")
+    group.addoption(
+        "--gate-shard",
+        action="append",
+        metavar="K/N",
+        help="run the K-th of N parts of the ids; repeated, of the part the one before chose",
+    )
     group.addoption(
         "--gate-shard-durations", metavar="PATH", help="the recorded durations that weigh ids"
     )
@@ -61,13 +68,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     chosen = config.getoption("gate_shard")
-    if chosen is None:
+    if not chosen:
         return
-    k, n = parse_shard(chosen)
     recorded = config.getoption("gate_shard_durations")
     durations = json.loads(Path(recorded).read_text()) if recorded else {}
-    kept = set(split([item.nodeid for item in items], durations, n)[k - 1])
-    dropped = [item for item in items if item.nodeid not in kept]
-    items[:] = [item for item in items if item.nodeid in kept]
+    kept = [item.nodeid for item in items]
+    for shard in chosen:
+        k, n = parse_shard(shard)
+        kept = split(kept, durations, n)[k - 1]
+    chosen_ids = set(kept)
+    dropped = [item for item in items if item.nodeid not in chosen_ids]
+    items[:] = [item for item in items if item.nodeid in chosen_ids]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

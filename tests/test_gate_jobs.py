@@ -1,0 +1,83 @@
+"""Jobs of a gate run side by side: how many, their output, and the exit status of their
+merged run. (That their merged report is one run's: ``tests/test_gate_shards.py``.)"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.gate import jobs
+from ci.gate.results import NO_RESULTS_EXIT, GateResults, TestResult
+from ci.gate.target import ExecutionTarget
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two", "1.5", ""])
+def test_a_job_count_is_at_least_one_or_auto(text: str) -> None:
+    with pytest.raises(ValueError, match="--jobs is a count of at least 1 or auto"):
+        jobs.parse_jobs(text)
+
+
+def test_auto_is_a_job_per_core_for_cpu_worlds_as_memory_allows(monkeypatch) -> None:
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 64 * 2**30)
+    assert jobs.parse_jobs("auto") is None
+    assert jobs.auto_jobs("cpu") == 4
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 9 * 2**30)
+    assert jobs.auto_jobs("cpu") == 2  # 4 GiB a job
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 2**30)
+    assert jobs.auto_jobs("cpu") == 1
+
+
+def test_auto_is_one_job_for_accelerator_worlds(monkeypatch) -> None:
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert jobs.auto_jobs("cuda") == 1
+
+
+def test_each_jobs_lines_reach_the_console_prefixed_with_their_status() -> None:
+    say = "import sys; print('one'); print('two', file=sys.stderr); sys.exit({})"
+    console = io.StringIO()
+    statuses = jobs.run_side_by_side(
+        [[sys.executable, "-c", say.format(0)], [sys.executable, "-c", say.format(4)]],
+        Path.cwd(),
+        console,
+    )
+    assert statuses == [0, 4]
+    assert sorted(console.getvalue().splitlines()) == [
+        "[job 1/2] one",
+        "[job 1/2] two",
+        "[job 2/2] one",
+        "[job 2/2] two",
+    ]
+
+
+def _job(directory: Path, nodeid: str | None, exit_status: int) -> Path:
+    """A job's folder, with results holding ``nodeid`` (None: no results at all)."""
+    directory.mkdir(parents=True)
+    if nodeid is not None:
+        target = ExecutionTarget(
+            "2.13.0", "abc", None, None, "gloo", "CPU", 0, (2,), "c0ffee", "3.11", "h", "d"
+        )
+        tests = [TestResult(nodeid, "passed", 1.0, "m", "other", 2)]
+        GateResults(target, exit_status, 60.0, tests=tests).save(directory / "results.json")
+    return directory
+
+
+def test_a_job_without_results_fails_the_run_and_is_named(tmp_path: Path, capsys) -> None:
+    directories = [_job(tmp_path / "1", "m.py::t[w2]", 0), _job(tmp_path / "2", None, 0)]
+    assert jobs.merge_jobs(directories, [0, 0], tmp_path) == NO_RESULTS_EXIT
+    assert "gate: job 2 exited with 0 and wrote no results" in capsys.readouterr().err
+    merged = GateResults.load(tmp_path / "results.json")
+    assert [test.nodeid for test in merged.tests] == ["m.py::t[w2]"]
+    assert merged.exit_status == NO_RESULTS_EXIT
+
+
+def test_a_job_left_no_ids_counts_only_when_every_job_was(tmp_path: Path) -> None:
+    none_left = jobs.NO_TESTS
+    directories = [_job(tmp_path / "1", "m.py::t[w2]", 0), _job(tmp_path / "2", "m.py::u", 0)]
+    assert jobs.merge_jobs(directories, [0, none_left], tmp_path) == 0
+    assert jobs.merge_jobs(directories, [1, none_left], tmp_path) == 1
+    assert GateResults.load(tmp_path / "results.json").exit_status == 1
+    assert jobs.merge_jobs(directories, [none_left, none_left], tmp_path) == none_left
