@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.gate import merge, shard
+from ci.gate import durations, merge, shard
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
 from tests.test_gate import gate_on_inner_suite, inner_suite
@@ -27,11 +27,13 @@ IDS = [
     "conformance/test_d.py::plain",
 ]
 DURATIONS = {
-    "conformance/test_a.py::t": 4.0,
-    "conformance/test_a.py::u": 1.0,
-    "conformance/test_b.py::t": 3.0,
-    "conformance/test_b.py::v": 3.0,
-    "conformance/test_c.py::t": 5.0,
+    "conformance/test_a.py::t[w1]": 4.0,
+    "conformance/test_a.py::t[w2]": 4.0,
+    "conformance/test_a.py::t[w4]": 4.0,
+    "conformance/test_a.py::u[w2]": 1.0,
+    "conformance/test_b.py::t[w2]": 3.0,
+    "conformance/test_b.py::v[w2]": 3.0,
+    "conformance/test_c.py::t[w4]": 5.0,
     "conformance/test_d.py::plain": 0.5,
 }
 
@@ -49,7 +51,7 @@ def test_a_modules_tests_at_one_world_size_stay_together_and_the_load_is_even() 
     parts = shard.split(IDS, DURATIONS, 2)
     together = ("conformance/test_b.py::t[w2]", "conformance/test_b.py::v[w2]")
     assert any(set(together) <= set(part) for part in parts)
-    loads = [sum(DURATIONS[i.split("[")[0]] for i in part) for part in parts]
+    loads = [sum(DURATIONS[durations.weight_key(i)] for i in part) for part in parts]
     # Dealt dearest first to the lighter part: b@2 (6) to one, a@2 (5) and c@4 (5) to the
     # other, a@1 (4) to the first, a@4 (4) to the first on a tie, test_d (0.5) to the second.
     assert sorted(loads) == [10.5, 14.0]

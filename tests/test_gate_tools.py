@@ -5,6 +5,7 @@ the recorded durations that deadlines are fitted to."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -137,16 +138,21 @@ def test_recorded_durations_are_the_longest_complete_run_of_each_test_function()
     assert durations.durations(results) == {f"{M}::test_a": 3.5}
 
 
-def test_shard_weights_are_the_mean_of_each_test_functions_complete_runs() -> None:
+def test_shard_weights_are_the_mean_of_each_test_function_at_each_world_size() -> None:
     results = _results(
         "2.13.0",
         TestResult(f"{M}::test_a[w2-ddp]", "passed", 1.0, "m", "ddp", 2),
         TestResult(f"{M}::test_a[w4-ddp]", "xfailed", 4.0, "m", "ddp", 4),
-        TestResult(f"{M}::test_a[w4-tp]", "passed", 2.5, "m", "tp", 4),
+        TestResult(f"{M}::test_a[w4-tp]", "skipped", 0.5, "m", "tp", 4),
         _test(f"{M}::test_a[w2-tp]", "xfailed", "rank 1 hung: did not finish within 30 s"),
         TestResult(f"{M}::test_plain", "passed", 2.0, "m", "other", None),
     )
-    assert durations.mean_durations(results) == {f"{M}::test_a": 2.5}
+    results.tests[3] = replace(results.tests[3], duration_s=30.0)  # the hang cost its deadline
+    assert durations.mean_durations(results) == {
+        f"{M}::test_a[w2]": 15.5,
+        f"{M}::test_a[w4]": 2.25,
+        f"{M}::test_plain": 2.0,
+    }
 
 
 def test_an_update_replaces_and_adds_measured_functions_and_keeps_the_others() -> None:

@@ -1,11 +1,12 @@
 """The gate's entry point: run the conformance suite, write junit XML, results and reports.
 
     python -m ci.gate [--backend NAME] [--device TYPE] --world-sizes 1,2,4 --out gate-report \\
-        [-- PYTEST_ARGS]
+        [--jobs N] [-- PYTEST_ARGS]
 
 writes into ``--out``: ``junit.xml``, ``results.json`` (every test id: outcome, duration,
 failing ranks, first difference, rerun command; the execution target), ``report.md`` and
-``report.html``. Its exit status is pytest's, or 3 when pytest wrote no results at all.
+``report.html``. Its exit status is pytest's, or 3 when pytest wrote no results at all. With
+``--jobs N`` it runs N pytest sessions side by side and merges them (``ci.gate.jobs``).
 """
 
 from __future__ import annotations

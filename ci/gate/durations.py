@@ -8,16 +8,20 @@ Writes, for each world test function, the longest duration of its ids that ran t
 (passed, or failed as expected, neither hung nor crashed): ``{"path::test_function":
 seconds}``. The gate passes the file to the harness (``--world-deadlines``), which gives those
 tests ten times their recorded duration, at least 30 s: a release with a hang nobody recorded
-yet loses that much per hang, not the 300 s default. Beside it, the mean of those ids'
-durations, by which ``--shard`` weighs each id (the longest would weigh a function with one
-slow id as if every id were slow). ``--update`` keeps the recorded functions the run did not
-hold (a run of some modules only), so new tests get their durations without a whole gate run.
+yet loses that much per hang, not the 300 s default. Beside it, the mean duration of each
+test function's ids at each world size, whatever their outcome (``{"path::test_function[w4]":
+seconds}``; a test of no world by its function alone), by which ``--shard`` and ``--jobs``
+weigh each id: an id at 4 ranks costs more than the same test at 2, a skipped id next to
+nothing, a hang its deadline (the longest would weigh a function with one slow id as if every
+id were slow). ``--update`` keeps the recorded functions the run did not hold (a run of some
+modules only), so new tests get their durations without a whole gate run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +30,15 @@ from ci.gate.results import GateResults
 RECORDED = Path(__file__).resolve().parent / "durations.json"
 MEANS = Path(__file__).resolve().parent / "mean-durations.json"
 _RAN_TO_THE_END = ("passed", "xfailed", "xpassed")
+WORLD_SIZE_IN_ID = re.compile(r"\[w(\d+)")  # ``[w4-ddp]``: the world size an id names
+
+
+def weight_key(nodeid: str) -> str:
+    """What an id is weighed by: its test function at the world size it names
+    (``path::test_f[w4]``), or its function alone for a test of no world."""
+    function = nodeid.split("[", 1)[0]
+    found = WORLD_SIZE_IN_ID.search(nodeid)
+    return f"{function}[w{found.group(1)}]" if found else function
 
 
 def _by_function(results: GateResults) -> dict[str, list[float]]:
@@ -44,12 +57,12 @@ def durations(results: GateResults) -> dict[str, float]:
 
 
 def mean_durations(results: GateResults) -> dict[str, float]:
-    """The mean duration of each world test function's ids that ran to the end."""
-    measured = _by_function(results)
-    return {
-        function: round(sum(seconds) / len(seconds), 3)
-        for function, seconds in sorted(measured.items())
-    }
+    """The mean duration of each test function's ids at each world size (``weight_key``),
+    every id counted whatever its outcome."""
+    measured: dict[str, list[float]] = {}
+    for test in results.tests:
+        measured.setdefault(weight_key(test.nodeid), []).append(test.duration_s)
+    return {key: round(sum(seconds) / len(seconds), 3) for key, seconds in sorted(measured.items())}
 
 
 def updated(recorded: dict[str, float], measured: dict[str, float]) -> dict[str, float]:

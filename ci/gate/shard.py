@@ -3,8 +3,8 @@
 Every runner collects the same ids and splits them alike, so the N parts hold every id once.
 Ids go in groups, a module's tests at one world size together (a runner then sets up that
 world once for them, not once per shard), and the groups are dealt, dearest first, to the
-part with the least recorded time so far (each id weighs its test function's mean duration,
-``ci/gate/mean-durations.json``). ``python -m
+part with the least recorded time so far (each id weighs its test function's mean duration
+at its world size, ``ci/gate/mean-durations.json``). ``python -m
 ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``;
 ``--gate-shard`` given twice splits the first choice's part again (a runner's shard into the
 jobs that run it side by side, ``ci.gate.jobs``).
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ci.gate.durations import weight_key
 from ci.gate.tier import UNKNOWN_DURATION_S, module_of, world_size_of
 
 
@@ -40,7 +41,7 @@ def split(ids: list[str], durations: dict[str, float], count: int) -> list[list[
         groups.setdefault((module_of(nodeid), world_size_of(nodeid)), []).append(nodeid)
 
     def weight(members: list[str]) -> float:
-        return sum(durations.get(i.split("[", 1)[0], UNKNOWN_DURATION_S) for i in members)
+        return sum(durations.get(weight_key(i), UNKNOWN_DURATION_S) for i in members)
 
     loads = [0.0] * count
     owner: dict[str, int] = {}

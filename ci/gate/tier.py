@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ci.gate.durations import RECORDED
+from ci.gate.durations import RECORDED, WORLD_SIZE_IN_ID
 from ci.gate.target import SUITE_ROOT
 
 QUICK_TIER = Path(__file__).parent / "quick-tier.txt"
@@ -39,7 +38,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "async": ("test_async_saves", "test_async_save_failures", "test_async_staging"),
     "memory": ("test_peak_memory",),
 }
-_WORLD_SIZE = re.compile(r"\[w(\d+)")
 
 
 def module_of(nodeid: str) -> str:
@@ -70,7 +68,7 @@ def cell_family(parallelism: str) -> str:
 
 def world_size_of(nodeid: str) -> int:
     """The world size an id names (``[w4-...]``); 1 for a test of no world."""
-    found = _WORLD_SIZE.search(nodeid)
+    found = WORLD_SIZE_IN_ID.search(nodeid)
     return int(found.group(1)) if found else 1
 
 
