@@ -4,6 +4,7 @@ merged run. (That their merged report is one run's: ``tests/test_gate_shards.py`
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +52,24 @@ def test_each_jobs_lines_reach_the_console_prefixed_with_their_status() -> None:
         "[job 2/2] one",
         "[job 2/2] two",
     ]
+
+
+def test_an_interrupted_run_interrupts_the_jobs_still_running(monkeypatch) -> None:
+    """A job that did not stop on its own within the grace is interrupted as Ctrl-C does,
+    and waited for."""
+    monkeypatch.setattr(jobs, "STOP_GRACE_S", 0.5)
+    waits = (
+        "import sys, time\nprint('ready', flush=True)\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(2)"
+    )
+    done = subprocess.Popen([sys.executable, "-c", "pass"], text=True)
+    waiting = subprocess.Popen([sys.executable, "-c", waits], stdout=subprocess.PIPE, text=True)
+    assert waiting.stdout is not None
+    assert waiting.stdout.readline() == "ready\n"  # its Ctrl-C handler is in place
+    jobs._interrupt_the_rest([done, waiting])
+    waiting.stdout.close()
+    assert done.returncode == 0
+    assert waiting.returncode == 2
 
 
 def _job(directory: Path, nodeid: str | None, exit_status: int) -> Path:

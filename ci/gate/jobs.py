@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +38,9 @@ NO_TESTS: Final = int(pytest.ExitCode.NO_TESTS_COLLECTED)
 # each rank index's template 0.4 GiB (most of it shared with the ranks it forked).
 MEMORY_PER_JOB: Final = 4 * 2**30
 _MEMINFO: Final = Path("/proc/meminfo")
+# How long a job may take to stop on its own once the gate is interrupted: a session's
+# worlds are torn down and its report written within seconds.
+STOP_GRACE_S: Final = 30.0
 
 
 def parse_jobs(text: str) -> int | None:
@@ -117,12 +121,16 @@ def _pump(
 
 
 def _interrupt_the_rest(processes: list[subprocess.Popen[str]]) -> None:
-    """Ask each job still running to stop as pytest does at Ctrl-C (its report written), and
-    wait for it."""
-    running = [process for process in processes if process.poll() is None]
-    for process in running:
-        process.send_signal(signal.SIGINT)
-    for process in running:
+    """Give each job still running :data:`STOP_GRACE_S` to stop on its own (at Ctrl-C the
+    terminal interrupted it too), then interrupt it as Ctrl-C does (pytest still writes its
+    report), and wait for it."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+    for process in processes:
         process.wait()
 
 
