@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ci.gate import jobs
-from ci.gate.results import NO_RESULTS_EXIT, GateResults, TestResult
-from ci.gate.target import ExecutionTarget
+from ci.gate.results import NO_RESULTS_EXIT, GateResults
+from tests.test_gate_shards import results_of
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "two", "1.5", ""])
@@ -37,7 +38,7 @@ def test_auto_is_one_job_for_accelerator_worlds(monkeypatch) -> None:
     assert jobs.auto_jobs("cuda") == 1
 
 
-def test_each_jobs_lines_reach_the_console_prefixed_with_their_status() -> None:
+def test_each_jobs_lines_reach_the_console_prefixed_and_its_status_is_returned() -> None:
     say = "import sys; print('one'); print('two', file=sys.stderr); sys.exit({})"
     console = io.StringIO()
     statuses = jobs.run_side_by_side(
@@ -76,11 +77,8 @@ def _job(directory: Path, nodeid: str | None, exit_status: int) -> Path:
     """A job's folder, with results holding ``nodeid`` (None: no results at all)."""
     directory.mkdir(parents=True)
     if nodeid is not None:
-        target = ExecutionTarget(
-            "2.13.0", "abc", None, None, "gloo", "CPU", 0, (2,), "c0ffee", "3.11", "h", "d"
-        )
-        tests = [TestResult(nodeid, "passed", 1.0, "m", "other", 2)]
-        GateResults(target, exit_status, 60.0, tests=tests).save(directory / "results.json")
+        results = replace(results_of("2.13.0", [nodeid]), exit_status=exit_status)
+        results.save(directory / "results.json")
     return directory
 
 

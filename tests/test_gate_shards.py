@@ -80,12 +80,16 @@ def _comparable(results: GateResults) -> dict[str, object]:
     return data
 
 
+FAILED_TITLE = "# State-dict conformance gate: FAILED (4 failing test ids)"  # the inner suite's
+
+
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, GateResults]:
     """The inner suite, its fork manifest, and the results of one gate run of it."""
     work = tmp_path_factory.mktemp("shards")
     suite, manifest = inner_suite(work)
     _run(work / "whole", suite, manifest)
+    assert (work / "whole" / "report.md").read_text().splitlines()[0] == FAILED_TITLE
     return suite, manifest, GateResults.load(work / "whole" / "results.json")
 
 
@@ -111,8 +115,7 @@ def _assert_reports_one_run(out: Path, whole: GateResults) -> None:
     assert merged.unused_entries  # the stale record of the fork's manifest, as one run finds it
     cases = ElementTree.parse(out / "junit.xml").getroot().iter("testcase")
     assert len(list(cases)) == len(whole.tests)
-    title = (out / "report.md").read_text().splitlines()[0]
-    assert title == "# State-dict conformance gate: FAILED (4 failing test ids)"
+    assert (out / "report.md").read_text().splitlines()[0] == FAILED_TITLE
 
 
 def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
@@ -140,7 +143,8 @@ def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run) -> None:
     assert _comparable(jobs) == _comparable(alone)
 
 
-def _results(torch_version: str, nodeids: list[str]) -> GateResults:
+def results_of(torch_version: str, nodeids: list[str]) -> GateResults:
+    """Results of ``nodeids``, each passed at 2 ranks, on a CPU build of ``torch_version``."""
     target = ExecutionTarget(
         torch_version, "abc", None, None, "gloo", "CPU", 0, (2,), "c0ffee", "3.11", "h", "d"
     )
@@ -149,10 +153,10 @@ def _results(torch_version: str, nodeids: list[str]) -> GateResults:
 
 
 def test_merge_refuses_an_id_run_twice_and_shards_of_two_builds() -> None:
-    twice = [_results("2.13.0", ["m.py::t[w2]"]), _results("2.13.0", ["m.py::t[w2]"])]
+    twice = [results_of("2.13.0", ["m.py::t[w2]"]), results_of("2.13.0", ["m.py::t[w2]"])]
     with pytest.raises(ValueError, match=r"m.py::t\[w2\] ran in shards 1 and 2"):
         merge.merged_results(twice)
-    builds = [_results("2.13.0", ["m.py::t[w2]"]), _results("2.15.0", ["m.py::u[w2]"])]
+    builds = [results_of("2.13.0", ["m.py::t[w2]"]), results_of("2.15.0", ["m.py::u[w2]"])]
     with pytest.raises(
         ValueError, match=r"shards of different builds: torch 2\.13\.0 and 2\.15\.0"
     ):

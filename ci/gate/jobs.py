@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Final, TextIO
 
@@ -56,10 +55,11 @@ def auto_jobs(device_type: str) -> int:
     """``auto``'s count for worlds of ``device_type`` on this host."""
     if device_type != "cpu":
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = (len(affinity(0)) if affinity is not None else os.cpu_count()) or 1
     available = _available_memory()
-    by_memory = available // MEMORY_PER_JOB if available is not None else cores or 1
-    return max(1, min(cores or 1, by_memory))
+    by_memory = available // MEMORY_PER_JOB if available is not None else cores
+    return max(1, min(cores, by_memory))
 
 
 def _available_memory() -> int | None:
@@ -151,8 +151,7 @@ def merge_jobs(directories: list[Path], statuses: list[int], out: Path) -> int:
         )
         status = status or NO_RESULTS_EXIT
     if reported:
-        results = merge_files(reported, out)
-        replace(results, exit_status=status).save(out / "results.json")
+        merge_files(reported, out, exit_status=status)
     return status
 
 

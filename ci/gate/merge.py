@@ -76,13 +76,16 @@ def merged_junit(paths: list[Path]) -> ElementTree.ElementTree:
     return ElementTree.ElementTree(root)
 
 
-def merge_files(directories: list[Path], out: Path) -> GateResults:
+def merge_files(directories: list[Path], out: Path, exit_status: int | None = None) -> GateResults:
     """Write the merged ``results.json`` and ``junit.xml`` of the shards in ``directories``
-    into ``out``; the merged results."""
+    into ``out``; the merged results, with ``exit_status`` where the caller knows the run's
+    (its processes' statuses), else the worst the shards recorded."""
     missing = [d for d in directories if not (d / "results.json").is_file()]
     if missing:
         raise ValueError(f"no results.json in {', '.join(map(str, missing))}")
     results = merged_results([GateResults.load(d / "results.json") for d in directories])
+    if exit_status is not None:
+        results = replace(results, exit_status=exit_status)
     out.mkdir(parents=True, exist_ok=True)
     results.save(out / "results.json")
     junits = [d / "junit.xml" for d in directories if (d / "junit.xml").is_file()]
