@@ -37,6 +37,20 @@ def deadline(item: pytest.Item, options: WorldOptions) -> float:
     return fitted if cap is None else min(fitted, float(cap))
 
 
+def failure_is_expected(item: pytest.Item) -> bool:
+    """Whether pytest will report any failure of ``item`` as an expected one, keeping only the
+    xfail reason: an xfail marker with no condition and no ``raises`` that runs the test, and
+    no ``--runxfail``. Conditions are not evaluated: a conditional marker counts as not."""
+    if item.config.getoption("runxfail", False):
+        return False
+    return any(
+        not mark.args
+        and mark.kwargs.get("run", True)
+        and not {"condition", "raises"} & mark.kwargs.keys()
+        for mark in item.iter_markers(name="xfail")
+    )
+
+
 def failure_properties(outcome: WorldOutcome) -> list[tuple[str, str]]:
     """The junit properties of a failed world test: its failing ranks and first failure."""
     ranks = ",".join(map(str, outcome.failing_ranks))

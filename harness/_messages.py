@@ -70,6 +70,9 @@ class TestRequest:
     params: bytes  # pickled dict of parametrize arguments
     tmp_path: str  # created on first use by whichever rank needs it
     timeout_s: float  # the controller's deadline for every rank's result
+    # pytest will report any failure as expected and show none of its text (an xfail marker
+    # without conditions): a rank formats it in Python's native style, which is cheaper
+    failure_expected: bool = False
 
     @classmethod
     def of(
@@ -81,8 +84,12 @@ class TestRequest:
         params: dict[str, Any],
         tmp_path: str,
         timeout_s: float,
+        failure_expected: bool = False,
     ) -> TestRequest:
-        return cls(module_name, module_path, qualname, pickle.dumps(params), tmp_path, timeout_s)
+        pickled = pickle.dumps(params)
+        return cls(
+            module_name, module_path, qualname, pickled, tmp_path, timeout_s, failure_expected
+        )
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,9 @@ class RankLoop:
                 status, text, headline = outcomes.XFAILED, str(exc.msg), ""
             except BaseException as exc:
                 status = outcomes.FAILED
-                text = _rank_pytest.format_failure(exc, call.module_path, self.config)
+                text = _rank_pytest.format_failure(
+                    exc, call.module_path, self.config, native=call.failure_expected
+                )
                 headline = describe_exception(exc)
             finally:
                 torch.set_default_dtype(default_dtype)

@@ -17,7 +17,13 @@ import pytest
 
 from harness import outcomes
 from harness._forkserver import ForkServers
-from harness._items import ALONE_MARKER, deadline, failure_properties, item_size
+from harness._items import (
+    ALONE_MARKER,
+    deadline,
+    failure_is_expected,
+    failure_properties,
+    item_size,
+)
 from harness._messages import TestRequest
 from harness._options import WorldOptions
 from harness._outcome import WorldOutcome
@@ -155,6 +161,7 @@ def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> Te
         params=_body_params(item),
         tmp_path=str(ticket.tmp_path),
         timeout_s=timeout_s,
+        failure_expected=failure_is_expected(item),
     )
 
 
