@@ -59,8 +59,11 @@ def test_an_interrupted_run_interrupts_the_jobs_still_running(monkeypatch) -> No
     """A job that did not stop on its own within the grace is interrupted as Ctrl-C does,
     and waited for."""
     monkeypatch.setattr(jobs, "STOP_GRACE_S", 0.5)
+    # Python's own Ctrl-C handler, whatever this run inherited: a shell's background job
+    # starts with SIGINT ignored, and Python keeps it so
     waits = (
-        "import sys, time\nprint('ready', flush=True)\n"
+        "import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "print('ready', flush=True)\n"
         "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(2)"
     )
     done = subprocess.Popen([sys.executable, "-c", "pass"], text=True)
