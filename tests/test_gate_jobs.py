@@ -4,6 +4,7 @@ merged run. (That their merged report is one run's: ``tests/test_gate_shards.py`
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -101,3 +102,56 @@ def test_a_job_left_no_ids_counts_only_when_every_job_was(tmp_path: Path) -> Non
     assert jobs.merge_jobs(directories, [1, none_left], tmp_path) == 1
     assert GateResults.load(tmp_path / "results.json").exit_status == 1
     assert jobs.merge_jobs(directories, [none_left, none_left], tmp_path) == none_left
+
+
+# A job that reports the one id it "ran" once interrupted, as pytest writes its report on
+# Ctrl-C; it says when its handler is in place.
+_INTERRUPTED_JOB = """
+import signal, sys, time
+from dataclasses import replace
+from pathlib import Path
+from tests.test_gate_shards import results_of
+signal.signal(signal.SIGINT, signal.default_int_handler)
+print("ready", flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    results = replace(results_of("2.13.0", [f"m.py::t{sys.argv[2][0]}[w2]"]), exit_status=2)
+    results.save(Path(sys.argv[1]) / "results.json")
+    sys.exit(2)
+"""
+_GATE_OF_TWO_JOBS = """
+import sys
+from pathlib import Path
+from ci.gate import jobs
+jobs.STOP_GRACE_S = 0.5
+job = sys.argv[2]
+command_of = lambda directory, part: [sys.executable, "-c", job, str(directory), part]
+sys.exit(jobs.run_jobs(command_of, 2, Path(sys.argv[1]), Path.cwd()))
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupted_gate_merges_what_its_jobs_reported(tmp_path: Path) -> None:
+    """SIGINT to the gate alone (``timeout -s INT``, a CI runner's cancel): its jobs are
+    interrupted, report what they ran, and the run merges their reports, exit status 2 as
+    an interrupted pytest session's, instead of ending in a traceback with no report."""
+    command = [sys.executable, "-c", _GATE_OF_TWO_JOBS, str(tmp_path), _INTERRUPTED_JOB]
+    gate = subprocess.Popen(
+        command,
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    )
+    assert gate.stdout is not None
+    ready = {gate.stdout.readline(), gate.stdout.readline()}
+    assert ready == {"[job 1/2] ready\n", "[job 2/2] ready\n"}
+    gate.send_signal(signal.SIGINT)
+    _, errors = gate.communicate(timeout=60)
+    assert gate.returncode == 2, errors
+    assert "gate: interrupted; each job reports what it ran" in errors
+    merged = GateResults.load(tmp_path / "results.json")
+    assert sorted(test.nodeid for test in merged.tests) == ["m.py::t1[w2]", "m.py::t2[w2]"]
+    assert merged.exit_status == 2

@@ -80,7 +80,9 @@ def run_side_by_side(
     commands: Sequence[list[str]], cwd: Path, console: TextIO = sys.stdout
 ) -> list[int]:
     """Run ``commands`` at once in ``cwd``, each output line prefixed ``[job J/N]`` on
-    ``console``; their exit statuses. Interrupted, every job is interrupted and waited for."""
+    ``console``; their exit statuses. Interrupted (Ctrl-C, or SIGINT to the gate alone), every
+    job is interrupted and waited for, and their statuses returned as any others: each job
+    reports what it ran, and the run merges those reports as pytest writes its own."""
     lock = threading.Lock()
     processes = [
         subprocess.Popen(
@@ -102,12 +104,15 @@ def run_side_by_side(
     for pump in pumps:
         pump.start()
     try:
-        statuses = [process.wait() for process in processes]
+        for process in processes:
+            process.wait()
+    except KeyboardInterrupt:
+        print("gate: interrupted; each job reports what it ran", file=sys.stderr)
     finally:
         _interrupt_the_rest(processes)
         for pump in pumps:
             pump.join()
-    return statuses
+    return [process.returncode for process in processes]
 
 
 def _pump(
