@@ -78,6 +78,7 @@ class GoldenSet:
     torch_git: str
     suite_commit: str
     written: str  # the date it was written
+    device: str  # the device type its worlds trained on: its trajectory holds there alone
     recipe: str
     steps: int  # the steps trained before every checkpoint
     checkpoints: tuple[GoldenCheckpoint, ...]
@@ -160,6 +161,7 @@ def golden_set(release: str, root: Path | None = None) -> GoldenSet:
             torch_git=data["torch_git"],
             suite_commit=data["suite_commit"],
             written=data["written"],
+            device=data["device"],
             recipe=data["recipe"],
             steps=data["steps"],
             checkpoints=tuple(GoldenCheckpoint.from_json(e) for e in data["checkpoints"]),

@@ -115,6 +115,7 @@ def test_the_writer_records_every_checkpoint_file_and_value(written):
     assert golden.disagreements() == []
     assert golden.torch_version == torch.__version__
     assert golden.torch_git == torch.version.git_version
+    assert golden.device == "cpu"  # the writer's default worlds: its trajectory holds there
     written_paths = {checkpoint.path for checkpoint in golden.checkpoints}
     families = ("ddp", "fsdp2", "pp", "ep")  # those that run at one rank
     expected = {f"dcp/{cell}-w1-{mode}" for cell in families for mode in ("sync", "async")}

@@ -82,6 +82,7 @@ def write_set(out: Path, sizes: str, backend: str, device: str) -> int:
             suite_commit=suite_commit(),
             written=datetime.date.today().isoformat(),
             backend=backend,
+            device=device,
             skipped=writer_tests_that("skipped", junit),
             failed=failed,
         )
