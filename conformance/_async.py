@@ -14,6 +14,7 @@ as well inside the process checkpointer, which receives the writer pickled.
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
@@ -26,7 +27,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance._upstream import dcp, dcp_formats, dcp_saver, dcp_staging, with_parameters
+from conformance._upstream import (
+    dcp,
+    dcp_formats,
+    dcp_saver,
+    dcp_staging,
+    dcp_state_dict_stager,
+    with_parameters,
+)
 from conformance.models.common import train
 
 Checkpointer = Literal["thread", "process"]
@@ -82,6 +90,18 @@ class Staging:
             self.cached and (self.blocking or self.writer_stages)
         )
 
+    def pins(self, staged: torch.Tensor) -> bool:
+        """Whether this staging promises ``staged`` (a staged tensor) in pinned memory.
+        ``DefaultStager`` pins each storage of at least its copier's ``pin_memory_min_bytes``
+        (5 bytes: smaller ones gain nothing from pinning); ``_create_cpu_state_dict`` (the
+        cached writer's and ``BlockingAsyncStager``'s buffers) pins every tensor but a 0-dim
+        one, which it makes anew as ``tensor(0)``."""
+        if not self.pinned:
+            return False
+        if self.options is not None:
+            return staged.untyped_storage().nbytes() >= _stager_pin_threshold()
+        return staged.dim() > 0
+
     @property
     def shared(self) -> bool:
         """Whether the staged copy lies in shared memory."""
@@ -94,6 +114,14 @@ class Staging:
         if self.options is not None:
             return dcp_staging.DefaultStager(dcp_staging.StagingOptions(**self.options))
         return None
+
+
+def _stager_pin_threshold() -> int:
+    """The fewest bytes of a storage ``DefaultStager``'s copier pins: its
+    ``pin_memory_min_bytes`` default, or 0 (every storage) in a release without one."""
+    parameters = inspect.signature(dcp_state_dict_stager.StateDictStager).parameters
+    threshold = parameters.get("pin_memory_min_bytes")
+    return 0 if threshold is None else int(threshold.default)
 
 
 def _has_accelerator() -> bool:

@@ -158,6 +158,10 @@ dcp_staging = TorchModule(
     "torch.distributed.checkpoint.staging",
     ("BlockingAsyncStager", "DefaultStager", "StagingOptions"),
 )
+# The copier behind DefaultStager: the suite reads how small a storage it leaves unpinned.
+dcp_state_dict_stager = TorchModule(
+    "torch.distributed.checkpoint._state_dict_stager", ("StateDictStager",)
+)
 dcp_formats = TorchModule(
     "torch.distributed.checkpoint.format_utils",
     (
@@ -228,6 +232,7 @@ MODULES: tuple[TorchModule, ...] = (
     dcp,
     dcp_saver,
     dcp_staging,
+    dcp_state_dict_stager,
     dcp_formats,
     fsdp,
     fsdp_wrap,
