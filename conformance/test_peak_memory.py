@@ -49,10 +49,13 @@ def applies(size: int, name: str) -> bool:
 
 
 def sized_model(cell: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The sized model in ``cell`` and its Adam optimizer, after one step."""
+    """The sized model in ``cell`` and its Adam optimizer, after one step. Adam steps each
+    parameter alone, as it does by default on the CPU: under TP the model's narrow layers stay
+    plain tensors beside DTensors, and on an accelerator Adam's default foreach step takes
+    both into one call, which DTensor refuses ("got mixed torch.Tensor and DTensor", H200)."""
     cell.skip_unless_runnable(world.device)
     model = cell.parallelise(seeded_wide_and_narrow(), world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
     model(wide_batch(0).to(world.device)).pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
