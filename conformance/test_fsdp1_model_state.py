@@ -80,6 +80,12 @@ def _by_key(state_dict: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_state_dict_type_matches_the_oracle(world, name, kind):
+    if kind == "local_offloaded" and world.device.type != "cpu":
+        pytest.skip(
+            "FSDP1 cannot offload a LOCAL state dict from an accelerator (pytorch#103730): "
+            "judged by test_upstream_failures.py::test_fsdp1_local_state_dict_offloads_from_an_"
+            "accelerator"
+        )
     model = _wrapped(world, name)
     if _refused(name, model_settings(kind)[0]):
         with pytest.raises(RuntimeError):

@@ -5,10 +5,10 @@ the torch under test still fails, its manifest lists the test with the
 reason; a crash or hang is cut by the harness's deadline and reported with
 every rank's stack.
 
-Each failure upstream has had (pytorch#136228, #157781, #138842 under NCCL, #128011,
-#192225, #192202, #158519, #124546, #128444, #164843, #126310, PR #128004) and each real
-failure of torch 2.13.0 on CPU, as a test of the correct behaviour. A hang is cut at 30 s and
-reported with every rank's stack; a segfault with its signal.
+Each failure upstream has had (pytorch#136228, #157781, #138842 under NCCL, #103730 on
+accelerators, #128011, #192225, #192202, #158519, #124546, #128444, #164843, #126310, PR
+#128004) and each real failure of torch 2.13.0 on CPU, as a test of the correct behaviour. A
+hang is cut at 30 s and reported with every rank's stack; a segfault with its signal.
 """
 
 from __future__ import annotations
@@ -63,6 +63,24 @@ def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
         assert_state_dict_equal(actual, expected)
     else:
         assert actual == {}
+
+
+@pytest.mark.world(2, timeout=HANG_DEADLINE_S)
+def test_fsdp1_local_state_dict_offloads_from_an_accelerator(world):
+    """pytorch#103730: FSDP1's LOCAL_STATE_DICT with ``offload_to_cpu`` gives each flat
+    parameter's ShardedTensor with its local shard on the CPU, as it is on the device."""
+    if world.device.type == "cpu":
+        pytest.skip("needs an accelerator world: on the CPU the offload returns the shard itself")
+    model = _wrapped("fsdp1_full_shard_flat", world)
+    on_device = torch_model_state_dict(model, "local")
+    offloaded = torch_model_state_dict(model, "local_offloaded")
+    assert offloaded.keys() == on_device.keys()
+    for key, value in on_device.items():
+        if not isinstance(value, sharded_tensor.ShardedTensor):
+            continue
+        moved = offloaded[key].local_shards()
+        assert [shard.tensor.device.type for shard in moved] == ["cpu"], key
+        assert_trees_identical(moved[0].tensor, value.local_shards()[0].tensor.cpu())
 
 
 @pytest.mark.world(2, timeout=HANG_DEADLINE_S)
