@@ -43,6 +43,9 @@ CRASH_GRACE_S = 2.0
 # peers waiting in the next collective it would have joined, which they never leave; a test
 # body's ranks end within a second of each other otherwise.
 FAILED_GRACE_S = 5.0
+# The same grace where pytest will report any failure of the test as expected: the run keeps
+# only that the test failed, so what the others would still report changes nothing.
+EXPECTED_FAILURE_GRACE_S = 1.0
 # How long a rank gets to write its stacks after the dump signal.
 STACK_DUMP_WAIT_S = 2.0
 
@@ -278,7 +281,8 @@ class World:
             assert proc.conn is not None
             with contextlib.suppress(OSError):  # a dead rank is reported by the exit watch
                 proc.conn.send_bytes(message)
-        self._collect(results, time.monotonic() + request.timeout_s, request.timeout_s)
+        grace_s = EXPECTED_FAILURE_GRACE_S if request.failure_expected else FAILED_GRACE_S
+        self._collect(results, time.monotonic() + request.timeout_s, request.timeout_s, grace_s)
         outcome = WorldOutcome(spec=self.spec, results=results)
         for rank, result in sorted(results.items()):
             outcome.captures[rank] = (
@@ -289,10 +293,15 @@ class World:
         return outcome
 
     def _collect(
-        self, results: dict[int, msg.RankResult], deadline: float, timeout_s: float
+        self,
+        results: dict[int, msg.RankResult],
+        deadline: float,
+        timeout_s: float,
+        failed_grace_s: float,
     ) -> None:
         """Gather results until every rank reported, died, or the deadline passed; once a
-        rank died or failed, the others get a short grace, not the rest of the deadline."""
+        rank died or failed, the others get a short grace (``failed_grace_s`` after a
+        failure), not the rest of the deadline."""
         cut = _Cut(deadline, f"did not finish within the {timeout_s:g} s deadline")
         body_ended: dict[int, RankStatus] = {}  # ranks whose body ended, still cleaning up
         while len(results) < self.spec.size:
@@ -323,8 +332,8 @@ class World:
                     results[proc.rank] = result
                     if result.status == outcomes.FAILED:
                         cut.sooner(
-                            FAILED_GRACE_S,
-                            f"still running {FAILED_GRACE_S:g} s after rank {proc.rank} failed",
+                            failed_grace_s,
+                            f"still running {failed_grace_s:g} s after rank {proc.rank} failed",
                         )
 
     @staticmethod

@@ -54,3 +54,9 @@ def test_check_the_controller_connection_sends_at_once(world):
                 found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
     assert found == [1], found
     test_report_pid(world)
+
+
+def test_last_rank_fails_the_others_wait(world):
+    if world.rank == world.size - 1:
+        raise ValueError(f"injected failure on rank {world.rank}")
+    dist.barrier()  # never left: the last rank raised instead of joining it
