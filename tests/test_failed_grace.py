@@ -3,17 +3,15 @@ reports as expected to fail failed, so its peers are cut sooner than others'."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness import TestRequest, WorldPool, WorldSettings, WorldSpec
+from harness import TestRequest, WorldPool, WorldSpec
 from harness._world import EXPECTED_FAILURE_GRACE_S, FAILED_GRACE_S
+from tests.test_pool import BODIES, settings
 
 pytestmark = pytest.mark.slow
-
-BODIES = Path(__file__).parent / "inner" / "inner_pool_bodies.py"
 
 
 @pytest.mark.parametrize(
@@ -24,8 +22,7 @@ BODIES = Path(__file__).parent / "inner" / "inner_pool_bodies.py"
 def test_peers_of_a_failed_rank_are_cut_after_the_grace_of_its_kind(
     tmp_path: Path, failure_expected: bool, grace_s: float
 ) -> None:
-    settings = WorldSettings(sys_path=list(sys.path), rootdir=str(BODIES.parent), inifile=None)
-    pool = WorldPool(settings, max_alive=1)
+    pool = WorldPool(settings(), max_alive=1)
     request = TestRequest.of(
         module_name="inner_pool_bodies",
         module_path=str(BODIES),

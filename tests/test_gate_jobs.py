@@ -121,9 +121,10 @@ except KeyboardInterrupt:
     sys.exit(2)
 """
 _GATE_OF_TWO_JOBS = """
-import sys
+import signal, sys
 from pathlib import Path
 from ci.gate import jobs
+signal.signal(signal.SIGINT, signal.default_int_handler)
 jobs.STOP_GRACE_S = 0.5
 job = sys.argv[2]
 command_of = lambda directory, part: [sys.executable, "-c", job, str(directory), part]
@@ -143,7 +144,6 @@ def test_an_interrupted_gate_merges_what_its_jobs_reported(tmp_path: Path) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
     )
     assert gate.stdout is not None
     ready = {gate.stdout.readline(), gate.stdout.readline()}
