@@ -76,8 +76,8 @@ class WorldContext:
 
         The shape's product must equal the world size. Every rank must ask for it, as for
         any mesh. In spawned and forked worlds, the mesh of a shape and names is made once
-        and kept for the world's next tests while they pass and make no other process
-        group (``harness/_groups.py``).
+        and kept for the world's next tests while they make no other process group and
+        every rank runs as many collectives on it (``harness/_groups.py``).
         """
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -4,11 +4,14 @@ DTensor caches its sharding decisions by mesh equality, so they must go with the
 name: a later test's equal mesh would hit them and get specs on destroyed groups. Clearing them
 after every test made every test decide each DTensor operation anew (the decisions of two Adam
 steps cost a 4-rank FSDP2 cell about 60 ms, more than the steps). So the meshes tests ask of
-``world.mesh`` are kept for the world's next test, with the caches, while tests pass, make no
-other process group and destroy none of the meshes'. Otherwise every group but the default one
-is destroyed and the caches are cleared: the next test starts as in a fresh world. Ranks decide
-alike: from their process-group counter (``new_group`` counts on every rank, member or not) and
-their own outcome, on both of which the controller keeps a world only where ranks agree.
+``world.mesh`` are kept for the world's next test, with the caches, while tests make no other
+process group and destroy none of the meshes'; a test that did not pass keeps them only where
+this rank can count the collectives it ran on them (the controller then keeps the world only
+where every rank ran as many on each: nothing is left in flight). Otherwise every group but
+the default one is destroyed and the caches are cleared: the next test starts as in a fresh
+world. Ranks decide alike: from their process-group counter (``new_group`` counts on every
+rank, member or not) and their own outcome, on both of which the controller keeps a world only
+where ranks agree.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
 MeshKey = tuple[str, tuple[int, ...], tuple[str, ...] | None]
@@ -48,17 +52,26 @@ class KeptMeshes:
             self._expected_count += dist.get_pg_count() - before
         return self._meshes[key]
 
-    def after_test(self, passed: bool) -> int:
-        """Keep the meshes if the test passed and made no other group; else undo every group
-        and cached decision. Returns the process-group counter."""
+    def after_test(self, passed: bool, counted: bool) -> int:
+        """Keep the meshes if the test made no other group and passed, or its collectives on
+        them were ``counted``; else undo every group and cached decision. Returns the
+        process-group counter."""
         import torch.distributed as dist
 
         count = dist.get_pg_count()
-        if not (passed and count == self._expected_count and self._intact()):
+        if not ((passed or counted) and count == self._expected_count and self._intact()):
             _destroy_groups()
             self._meshes.clear()
             self._expected_count = count
         return count
+
+    def groups(self) -> list[ProcessGroup]:
+        """The groups of the kept meshes, in the order they were made (the default group
+        left out)."""
+        from torch.distributed import distributed_c10d as c10d
+
+        found = [mesh.get_group(dim) for mesh in self._meshes.values() for dim in range(mesh.ndim)]
+        return [group for group in dict.fromkeys(found) if group is not c10d.GroupMember.WORLD]
 
     def _intact(self) -> bool:
         """Every kept mesh's groups are still registered (a test may destroy them)."""

@@ -107,17 +107,17 @@ class RankResult:
     """Rank → controller: how one test body ended on one rank.
 
     ``pg_count`` is the rank's process-group counter after cleanup;
-    ``world_collectives`` the default group's collective sequence number (None
-    where the backend does not count). The controller keeps the world only
-    when ranks agree on them, and no rank asked for a fresh one (``respawn``): see
-    ``WorldOutcome.world_is_reusable``.
+    ``collectives`` the collective sequence numbers of the default group and of each
+    mesh kept for the next test, read before cleanup (None where the backend does not
+    count). The controller keeps the world only when ranks agree on them, and no rank
+    asked for a fresh one (``respawn``): see ``WorldOutcome.world_is_reusable``.
     """
 
     rank: int
     status: RankStatus
     longrepr: str = ""
     pg_count: int = 0
-    world_collectives: int | None = None
+    collectives: tuple[int, ...] | None = None
     headline: str = ""  # the exception in a few lines, for reports; longrepr has the rest
     captured: dict[str, str] = field(default_factory=dict)  # stream -> what the test wrote
     respawn: bool = False  # the test asked for a fresh world after it (respawn_after_test)

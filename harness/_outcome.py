@@ -71,10 +71,11 @@ class WorldOutcome:
         """True when the next test can run in this world as in a fresh one.
 
         Every rank must have ended the same way and made the same process groups, and no
-        rank asked for a fresh world. A failure keeps the world only in a CPU world (a device
-        error may poison the process) and only when every rank failed after the same number
-        of collectives on the default group: a rank that stopped short would leave data in
-        flight for the next test.
+        rank asked for a fresh world. A test that did not pass keeps it only when every rank
+        ran as many collectives on the default group and on each kept mesh's groups: a rank
+        that stopped short would leave data in flight for the next test. A failure keeps it
+        only in a CPU world (a device error may poison the process), and only where the
+        backend counts collectives.
         """
         results = [self.results[r] for r in self.ranks]
         statuses = {result.status for result in results}
@@ -87,9 +88,11 @@ class WorldOutcome:
             return False
         if len({result.pg_count for result in results}) != 1:
             return False
-        if status != outcomes.FAILED:
+        if status == outcomes.PASSED:
             return True
-        counts = {result.world_collectives for result in results}
+        counts = {result.collectives for result in results}
+        if status != outcomes.FAILED:
+            return len(counts) == 1  # uncounted everywhere: the kept meshes went
         return self.spec.device_type == "cpu" and len(counts) == 1 and None not in counts
 
     @property

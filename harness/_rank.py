@@ -61,7 +61,7 @@ def _join_world(init: msg.Init, rank: int) -> None:
     )
 
 
-def _reset_between_tests(meshes: KeptMeshes, passed: bool) -> int:
+def _reset_between_tests(meshes: KeptMeshes, passed: bool, counted: bool) -> int:
     """Undo per-test global state; return the process-group counter.
 
     Groups made by the test go (``KeptMeshes.after_test``), so they neither leak nor change
@@ -70,7 +70,7 @@ def _reset_between_tests(meshes: KeptMeshes, passed: bool) -> int:
     """
     import torch
 
-    count = meshes.after_test(passed)
+    count = meshes.after_test(passed, counted)
     _forget_compiled_graphs()
     torch.set_grad_enabled(True)
     return count
@@ -86,16 +86,20 @@ def _forget_compiled_graphs() -> None:
         dynamo.reset()
 
 
-def _world_collectives() -> int | None:
-    """How many collectives (and point-to-point operations, under gloo) this rank has run
-    on the default group, or None where the backend does not count them."""
+def _collective_counts(meshes: KeptMeshes) -> tuple[int, ...] | None:
+    """How many collectives (and point-to-point operations, under gloo) this rank has run on
+    the default group and on each kept mesh's groups, or None where the backend does not
+    count them."""
     import torch.distributed as dist
 
-    count = getattr(dist.group.WORLD, "_get_sequence_number_for_group", None)
-    try:
-        return int(count()) if callable(count) else None
-    except RuntimeError:  # a backend without sequence numbers
-        return None
+    counts = []
+    for group in (dist.group.WORLD, *meshes.groups()):
+        count = getattr(group, "_get_sequence_number_for_group", None)
+        try:
+            counts.append(int(count()) if callable(count) else None)
+        except RuntimeError:  # a backend without sequence numbers
+            counts.append(None)
+    return None if None in counts else tuple(c for c in counts if c is not None)
 
 
 class RankLoop:
@@ -157,12 +161,15 @@ class RankLoop:
             finally:
                 torch.set_default_dtype(default_dtype)
         self.conn.send(msg.BodyEnded(rank=self.rank, status=status))
+        counts = _collective_counts(self.meshes)
         return msg.RankResult(
             rank=self.rank,
             status=status,
             longrepr=text,
-            pg_count=_reset_between_tests(self.meshes, status == outcomes.PASSED),
-            world_collectives=_world_collectives(),
+            pg_count=_reset_between_tests(
+                self.meshes, status == outcomes.PASSED, counted=counts is not None
+            ),
+            collectives=counts,
             headline=headline,
             captured=self.capture.captured(),
             respawn=world.after_test.respawn,

@@ -86,12 +86,14 @@ def test_a_rank_that_asks_for_a_fresh_world_gets_one() -> None:
     assert not WorldOutcome(spec=SPEC, results=asked).world_is_reusable
 
 
-def failed_everywhere(
-    collectives: tuple[int | None, ...], device_type: str = "cpu"
+def ended_everywhere(
+    collectives: tuple[tuple[int, ...] | None, ...],
+    status: str = "failed",
+    device_type: str = "cpu",
 ) -> WorldOutcome:
     spec = WorldSpec("gloo" if device_type == "cpu" else "nccl", 3, device_type)
     results = {
-        r: RankResult(rank=r, status="failed", longrepr="boom", world_collectives=c)
+        r: RankResult(rank=r, status=status, longrepr="boom", collectives=c)
         for r, c in enumerate(collectives)
     }
     return WorldOutcome(spec=spec, results=results)
@@ -100,16 +102,33 @@ def failed_everywhere(
 @pytest.mark.parametrize(
     ("collectives", "device_type", "reusable"),
     [
-        ((4, 4, 4), "cpu", True),  # every rank failed at the same point
-        ((5, 4, 4), "cpu", False),  # rank 0 ran a collective (a send) the others never met
+        (((4,),) * 3, "cpu", True),  # every rank failed at the same point
+        (((5,), (4,), (4,)), "cpu", False),  # rank 0 ran a collective (a send) the others never met
+        (((4, 2, 7),) * 3, "cpu", True),  # and as many on each kept mesh's groups
+        (((4, 2, 7), (4, 2, 7), (4, 3, 7)), "cpu", False),  # rank 2 ran one more on a mesh
         ((None, None, None), "cpu", False),  # the backend does not count: no proof of step
-        ((4, 4, 4), "cuda", False),  # a device error may outlive the test
+        (((4,),) * 3, "cuda", False),  # a device error may outlive the test
     ],
 )
 def test_a_failure_keeps_the_world_only_with_every_rank_in_step_on_cpu(
-    collectives: tuple[int | None, ...], device_type: str, reusable: bool
+    collectives: tuple[tuple[int, ...] | None, ...], device_type: str, reusable: bool
 ) -> None:
-    assert failed_everywhere(collectives, device_type).world_is_reusable is reusable
+    assert ended_everywhere(collectives, "failed", device_type).world_is_reusable is reusable
+
+
+@pytest.mark.parametrize("status", ["skipped", "xfailed"])
+@pytest.mark.parametrize(
+    ("collectives", "reusable"),
+    [
+        (((4, 2),) * 3, True),
+        (((4, 2), (4, 2), (4, 3)), False),  # stopped on a kept mesh with data in flight
+        ((None, None, None), True),  # uncounted: the ranks destroyed the kept meshes
+    ],
+)
+def test_a_skip_or_xfail_keeps_the_world_with_every_rank_in_step(
+    status: str, collectives: tuple[tuple[int, ...] | None, ...], reusable: bool
+) -> None:
+    assert ended_everywhere(collectives, status, "cuda").world_is_reusable is reusable
 
 
 @pytest.mark.parametrize(

@@ -44,10 +44,11 @@ def test_feature_passes(features: InnerRun, name: str) -> None:
 
 def test_world_meshes_are_kept_while_tests_pass(features: InnerRun) -> None:
     test = "test_world_meshes_are_kept_while_tests_pass[w2-{}]"
-    steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "fresh_after_failing")
-    for step in steps:
+    steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "kept_after_failing")
+    for step in (*steps, "fresh_world_after_failing_out_of_step"):
         assert features.outcome(test.format(step)) == "passed", features.message(test.format(step))
     assert features.outcome(test.format("fails")) == "failed"
+    assert features.outcome(test.format("fails_out_of_step")) == "failed"
 
 
 def test_combinations_that_do_not_apply_are_not_collected(features: InnerRun) -> None:

@@ -95,15 +95,28 @@ _SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
 
 @pytest.mark.world(2)
 @pytest.mark.parametrize(
-    "step", ["made", "kept", "makes_a_group", "fresh_after_a_group", "fails", "fresh_after_failing"]
+    "step",
+    [
+        "made",
+        "kept",
+        "makes_a_group",
+        "fresh_after_a_group",
+        "fails",
+        "kept_after_failing",
+        "fails_out_of_step",
+        "fresh_world_after_failing_out_of_step",
+    ],
 )
 def test_world_meshes_are_kept_while_tests_pass(world, step):
-    """One world runs the steps in order: a mesh outlives a passing test, not one that made
-    another group or failed (then its groups are destroyed)."""
+    """One world runs the steps in order: a mesh outlives a passing test, and a failing one
+    whose ranks all ran as many collectives on it; not one that made another group (then its
+    groups are destroyed), nor a failure after which one rank ran more collectives on it than
+    another (then the world goes: data could be in flight)."""
     mesh = world.mesh((1, world.size), ("single", "all"))
     groups = {mesh.get_group(dim) for dim in range(mesh.ndim)} - {c10d.GroupMember.WORLD}
     assert groups, "a mesh of two dims has a group besides the default one"
-    if step == "made":
+    if step in ("made", "fresh_world_after_failing_out_of_step"):
+        assert os.getpid() != _SEEN.get("pid"), "the world was kept"
         _SEEN.update(pid=os.getpid(), mesh=mesh, groups=groups)
         return
     assert os.getpid() == _SEEN["pid"], "the steps ran in another world"
@@ -117,8 +130,15 @@ def test_world_meshes_are_kept_while_tests_pass(world, step):
     assert mesh is earlier
     if step == "makes_a_group":
         dist.new_group(list(range(world.size)))
+    # Of two ranks, the mesh's "all" dim is the default group; each "single" group is one
+    # rank's own: a collective there counts on the mesh alone.
     if step == "fails":
-        raise AssertionError("every rank fails this step")
+        dist.all_reduce(torch.ones(1), group=mesh.get_group("single"))
+        raise AssertionError("every rank fails this step, in step")
+    if step == "fails_out_of_step":
+        if world.rank == 0:
+            dist.all_reduce(torch.ones(1), group=mesh.get_group("single"))
+        raise AssertionError("every rank fails this step, rank 0 one collective ahead")
 
 
 @pytest.mark.world(2)
