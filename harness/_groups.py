@@ -66,22 +66,15 @@ class KeptMeshes:
         return count
 
     def groups(self) -> list[ProcessGroup]:
-        """The groups of the kept meshes, in the order they were made (the default group
-        left out)."""
-        from torch.distributed import distributed_c10d as c10d
-
+        """The groups of the kept meshes, each once, in the order they were made."""
         found = [mesh.get_group(dim) for mesh in self._meshes.values() for dim in range(mesh.ndim)]
-        return [group for group in dict.fromkeys(found) if group is not c10d.GroupMember.WORLD]
+        return list(dict.fromkeys(found))
 
     def _intact(self) -> bool:
         """Every kept mesh's groups are still registered (a test may destroy them)."""
         from torch.distributed import distributed_c10d as c10d
 
-        return all(
-            group in c10d._world.pg_map
-            for mesh in self._meshes.values()
-            for group in (mesh.get_group(dim) for dim in range(mesh.ndim))
-        )
+        return all(group in c10d._world.pg_map for group in self.groups())
 
 
 def _destroy_groups() -> None:

@@ -93,13 +93,15 @@ def _collective_counts(meshes: KeptMeshes) -> tuple[int, ...] | None:
     import torch.distributed as dist
 
     counts = []
-    for group in (dist.group.WORLD, *meshes.groups()):
+    for group in dict.fromkeys((dist.group.WORLD, *meshes.groups())):
         count = getattr(group, "_get_sequence_number_for_group", None)
+        if not callable(count):
+            return None
         try:
-            counts.append(int(count()) if callable(count) else None)
+            counts.append(int(count()))
         except RuntimeError:  # a backend without sequence numbers
-            counts.append(None)
-    return None if None in counts else tuple(c for c in counts if c is not None)
+            return None
+    return tuple(counts)
 
 
 class RankLoop:
