@@ -65,16 +65,24 @@ class KeptMeshes:
             self._expected_count = count
         return count
 
-    def groups(self) -> list[ProcessGroup]:
-        """The groups of the kept meshes, each once, in the order they were made."""
-        found = [mesh.get_group(dim) for mesh in self._meshes.values() for dim in range(mesh.ndim)]
+    def groups(self) -> list[ProcessGroup] | None:
+        """The groups of the kept meshes, each once, in the order they were made; None where
+        a test destroyed one (a mesh resolves its groups by name, and a destroyed group's
+        name no longer resolves)."""
+        try:
+            found = [
+                mesh.get_group(dim) for mesh in self._meshes.values() for dim in range(mesh.ndim)
+            ]
+        except RuntimeError:
+            return None
         return list(dict.fromkeys(found))
 
     def _intact(self) -> bool:
         """Every kept mesh's groups are still registered (a test may destroy them)."""
         from torch.distributed import distributed_c10d as c10d
 
-        return all(group in c10d._world.pg_map for group in self.groups())
+        groups = self.groups()
+        return groups is not None and all(group in c10d._world.pg_map for group in groups)
 
 
 def _destroy_groups() -> None:

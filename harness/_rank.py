@@ -89,11 +89,14 @@ def _forget_compiled_graphs() -> None:
 def _collective_counts(meshes: KeptMeshes) -> tuple[int, ...] | None:
     """How many collectives (and point-to-point operations, under gloo) this rank has run on
     the default group and on each kept mesh's groups, or None where the backend does not
-    count them."""
+    count them or the test destroyed one of those groups."""
     import torch.distributed as dist
 
+    kept = meshes.groups()
+    if kept is None:  # a test destroyed one: the meshes go (``KeptMeshes.after_test``)
+        return None
     counts = []
-    for group in dict.fromkeys((dist.group.WORLD, *meshes.groups())):
+    for group in dict.fromkeys((dist.group.WORLD, *kept)):
         count = getattr(group, "_get_sequence_number_for_group", None)
         if not callable(count):
             return None

@@ -44,7 +44,8 @@ def test_feature_passes(features: InnerRun, name: str) -> None:
 
 def test_world_meshes_are_kept_while_tests_pass(features: InnerRun) -> None:
     test = "test_world_meshes_are_kept_while_tests_pass[w2-{}]"
-    steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "kept_after_failing")
+    steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "destroys_its_group")
+    steps += ("fresh_after_destroying", "kept_after_failing")
     for step in (*steps, "fresh_world_after_failing_out_of_step"):
         assert features.outcome(test.format(step)) == "passed", features.message(test.format(step))
     assert features.outcome(test.format("fails")) == "failed"

@@ -101,6 +101,8 @@ _SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
         "kept",
         "makes_a_group",
         "fresh_after_a_group",
+        "destroys_its_group",
+        "fresh_after_destroying",
         "fails",
         "kept_after_failing",
         "fails_out_of_step",
@@ -109,9 +111,10 @@ _SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
 )
 def test_world_meshes_are_kept_while_tests_pass(world, step):
     """One world runs the steps in order: a mesh outlives a passing test, and a failing one
-    whose ranks all ran as many collectives on it; not one that made another group (then its
-    groups are destroyed), nor a failure after which one rank ran more collectives on it than
-    another (then the world goes: data could be in flight)."""
+    whose ranks all ran as many collectives on it; not one that made another group or
+    destroyed one of the mesh's (then its groups are destroyed), nor a failure after which one
+    rank ran more collectives on it than another (then the world goes: data could be in
+    flight)."""
     mesh = world.mesh((1, world.size), ("single", "all"))
     groups = {mesh.get_group(dim) for dim in range(mesh.ndim)} - {c10d.GroupMember.WORLD}
     assert groups, "a mesh of two dims has a group besides the default one"
@@ -130,6 +133,8 @@ def test_world_meshes_are_kept_while_tests_pass(world, step):
     assert mesh is earlier
     if step == "makes_a_group":
         dist.new_group(list(range(world.size)))
+    if step == "destroys_its_group":
+        dist.destroy_process_group(mesh.get_group("single"))
     # Of two ranks, the mesh's "all" dim is the default group; each "single" group is one
     # rank's own: a collective there counts on the mesh alone.
     if step == "fails":
