@@ -35,6 +35,10 @@ class KeptMeshes:
         import torch.distributed as dist
 
         self._meshes: dict[MeshKey, DeviceMesh] = {}
+        # The kept meshes' groups, each once, in the order they were made: resolved when a
+        # mesh is made, as a mesh resolves a destroyed group differently on each release
+        # (RuntimeError on 2.13, TypeError on 2.6).
+        self._groups: dict[ProcessGroup, None] = {}
         # The process-group counter as it would read had only the kept meshes made groups.
         self._expected_count = dist.get_pg_count()
 
@@ -48,8 +52,9 @@ class KeptMeshes:
         key = (device_type, dims, names)
         if key not in self._meshes:
             before = dist.get_pg_count()
-            self._meshes[key] = init_device_mesh(device_type, dims, mesh_dim_names=names)
+            mesh = self._meshes[key] = init_device_mesh(device_type, dims, mesh_dim_names=names)
             self._expected_count += dist.get_pg_count() - before
+            self._groups.update(dict.fromkeys(mesh.get_group(dim) for dim in range(mesh.ndim)))
         return self._meshes[key]
 
     def after_test(self, passed: bool, counted: bool) -> int:
@@ -59,30 +64,22 @@ class KeptMeshes:
         import torch.distributed as dist
 
         count = dist.get_pg_count()
-        if not ((passed or counted) and count == self._expected_count and self._intact()):
+        intact = self.groups() is not None
+        if not ((passed or counted) and count == self._expected_count and intact):
             _destroy_groups()
             self._meshes.clear()
+            self._groups.clear()
             self._expected_count = count
         return count
 
     def groups(self) -> list[ProcessGroup] | None:
-        """The groups of the kept meshes, each once, in the order they were made; None where
-        a test destroyed one (a mesh resolves its groups by name, and a destroyed group's
-        name no longer resolves)."""
-        try:
-            found = [
-                mesh.get_group(dim) for mesh in self._meshes.values() for dim in range(mesh.ndim)
-            ]
-        except RuntimeError:
-            return None
-        return list(dict.fromkeys(found))
-
-    def _intact(self) -> bool:
-        """Every kept mesh's groups are still registered (a test may destroy them)."""
+        """The groups of the kept meshes, each once, in the order they were made (none while
+        no mesh is kept); None where a test destroyed one."""
         from torch.distributed import distributed_c10d as c10d
 
-        groups = self.groups()
-        return groups is not None and all(group in c10d._world.pg_map for group in groups)
+        if not all(group in c10d._world.pg_map for group in self._groups):
+            return None
+        return list(self._groups)
 
 
 def _destroy_groups() -> None:
