@@ -94,16 +94,24 @@ def with_parameters(function: Any, *names: str) -> Any:
 
 def fully_shard_on(device: torch.device) -> Any:
     """``fully_shard`` of the torch under test, or a skip where its release cannot run FSDP2 on
-    ``device``: FSDP2's all-gather records an event on the device's stream, which CPU streams
-    cannot do in releases whose ``torch.cpu.Stream`` lacks ``record_event`` (torch 2.6 among
-    them)."""
+    ``device`` (``fully_shard_missing``)."""
     shard = fsdp.fully_shard
+    missing = fully_shard_missing(device)
+    if missing is not None:
+        pytest.skip(missing)
+    return shard
+
+
+def fully_shard_missing(device: torch.device) -> str | None:
+    """Why this release cannot run FSDP2 on ``device``, or None: FSDP2's all-gather records an
+    event on the device's stream, which CPU streams cannot do in releases whose
+    ``torch.cpu.Stream`` lacks ``record_event`` (torch 2.6 among them)."""
     if device.type == "cpu" and not hasattr(torch.cpu.Stream, "record_event"):
-        pytest.skip(
+        return (
             f"torch {torch.__version__} cannot run fully_shard on CPU devices: "
             "torch.cpu.Stream has no record_event"
         )
-    return shard
+    return None
 
 
 _FSDP1 = "FullyShardedDataParallel"
