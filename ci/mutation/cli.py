@@ -5,7 +5,8 @@
 For each mutant of ``ci.mutation.mutants`` (one at a time: each run owns the
 machine's cores), the tests most relevant to it run first, with every rank
 importing ``ci.mutation.mutants.activate``, and stop at the first failure: the mutant
-is killed by that test, survives, or times out. Each killing test is then
+is killed by that test, survives, or times out (one whose target this build lacks is absent,
+and not run). Each killing test is then
 run once more without any mutant; one that fails there too proves nothing
 and its mutant is reported unverified. Writes ``mutation.json`` and
 ``mutation.md`` into ``--out``; exits 1 when the kill rate is below
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ci.gate.tier import quick_tier_ids, world_size_of
 from ci.mutation import report
-from ci.mutation.mutants import Mutant, catalogue
+from ci.mutation.mutants import Mutant, catalogue, missing_target
 from ci.mutation.run import MUTANT_CRASHED, RunResult, RunSettings, run_tests
 
 
@@ -89,6 +90,19 @@ def outcome_of(mutant: Mutant, result: RunResult) -> report.MutantOutcome:
     return outcome
 
 
+def _unrun(mutant: Mutant) -> report.MutantOutcome | None:
+    """The outcome of a mutant not run: absent from the torch under test, or equivalent."""
+    missing = missing_target(mutant)
+    found = report.MutantOutcome(mutant.name, mutant.upstream, mutant.bug, report.ABSENT)
+    if missing is not None:
+        found.detail = missing
+    elif mutant.equivalent is not None:
+        found.status, found.detail = report.EQUIVALENT, mutant.equivalent
+    else:
+        return None
+    return found
+
+
 def verify_killers(outcomes: list[report.MutantOutcome], settings: RunSettings, out: Path) -> None:
     """Mark unverified each kill whose test also fails without any mutant."""
     killers = sorted({o.killed_by for o in outcomes if o.killed_by})
@@ -112,16 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     outcomes = []
     for mutant in chosen(args.mutants):
-        if mutant.equivalent:
-            outcomes.append(
-                report.MutantOutcome(
-                    mutant.name,
-                    mutant.upstream,
-                    mutant.bug,
-                    report.EQUIVALENT,
-                    detail=mutant.equivalent,
-                )
-            )
+        unrun = _unrun(mutant)
+        if unrun is not None:
+            outcomes.append(unrun)
             continue
         tests = [t for t in args.tests.split(",") if t] or (
             quick_tier_for(mutant, args.world_sizes) if args.tier == "quick" else list(mutant.tests)
@@ -141,5 +148,5 @@ def main(argv: list[str] | None = None) -> int:
     run = f"Run with `python -m ci.mutation --tier {args.tier}` ({tier}): {where}."
     markdown = report.write(outcomes, run, args.out)
     killed, counted = report.kill_rate(outcomes)
-    print(f"{killed}/{counted} non-equivalent mutants killed; report: {markdown}")
+    print(f"{killed}/{counted} non-equivalent mutants this build has killed; report: {markdown}")
     return 0 if counted and 100 * killed / counted >= args.target else 1

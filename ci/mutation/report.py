@@ -8,11 +8,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-MutantStatus = Literal["killed", "survived", "timed out", "equivalent", "error", "unverified"]
+MutantStatus = Literal[
+    "killed", "survived", "timed out", "equivalent", "absent", "error", "unverified"
+]
 KILLED: Final = "killed"  # a test failed against the mutant, and passes without it
 SURVIVED: Final = "survived"  # every selected test passed
 TIMED_OUT: Final = "timed out"  # the run hit --run-timeout
 EQUIVALENT: Final = "equivalent"  # the catalogue argues no test on the gate's worlds can see it
+ABSENT: Final = "absent"  # the torch under test has no target to break (an older release)
 ERROR: Final = "error"  # pytest failed without a failing test, or the mutant's own code raised
 UNVERIFIED: Final = "unverified"  # the killing test fails without the mutant too
 
@@ -38,8 +41,8 @@ QUICK_TIER_CELL = {True: "kills it", False: "killer not in it", None: "-"}
 
 
 def kill_rate(outcomes: list[MutantOutcome]) -> tuple[int, int]:
-    """Killed mutants, and the mutants that are not equivalent."""
-    counted = [o for o in outcomes if o.status != EQUIVALENT]
+    """Killed mutants, and the mutants that are neither equivalent nor absent from the build."""
+    counted = [o for o in outcomes if o.status not in (EQUIVALENT, ABSENT)]
     return sum(o.status == KILLED for o in counted), len(counted)
 
 
@@ -55,6 +58,8 @@ def write(outcomes: list[MutantOutcome], settings: str, out: Path) -> Path:
 def markdown_report(outcomes: list[MutantOutcome], settings: str) -> str:
     killed, counted = kill_rate(outcomes)
     rate = f"{100 * killed / counted:.1f}%" if counted else "n/a"
+    absent = sum(o.status == ABSENT for o in outcomes)
+    uncounted = f" ({absent} absent from this build, not counted)" if absent else ""
     statuses = ", ".join(
         f"{n} {status}" for status, n in sorted(Counter(o.status for o in outcomes).items())
     )
@@ -63,7 +68,7 @@ def markdown_report(outcomes: list[MutantOutcome], settings: str) -> str:
         "",
         f"{settings}",
         "",
-        f"**Kill rate: {killed} of {counted} non-equivalent mutants ({rate}).** "
+        f"**Kill rate: {killed} of {counted} non-equivalent mutants{uncounted} ({rate}).** "
         f"{len(outcomes)} mutants: {statuses}.",
         "",
     ]

@@ -30,7 +30,34 @@ from ci.mutation.mutants._mutant import (
     Mutant,
 )
 
-__all__ = ["MODELLED_MODULES", "UPSTREAM_MODULES", "Mutant", "apply", "catalogue"]
+__all__ = [
+    "MODELLED_MODULES",
+    "UPSTREAM_MODULES",
+    "Mutant",
+    "apply",
+    "catalogue",
+    "missing_target",
+]
+
+
+def missing_target(mutant: Mutant) -> str | None:
+    """Why the torch under test has no ``mutant.target`` to break (its module or the function is
+    not in this release, as DCP's stagers are not in 2.6), or None where it has one. A module
+    that is there but fails to import is no absence: its error propagates."""
+    import torch
+
+    try:
+        home = importlib.import_module(mutant.upstream)
+    except ModuleNotFoundError as error:
+        if error.name is None or not mutant.upstream.startswith(error.name):
+            raise
+        return f"torch {torch.__version__} has no module {mutant.upstream}"
+    owner: object = home
+    for part in mutant.target.split("."):
+        if not hasattr(owner, part):
+            return f"torch {torch.__version__}'s {mutant.upstream} has no {mutant.target}"
+        owner = getattr(owner, part)
+    return None
 
 
 def apply(mutant: Mutant) -> list[str]:
