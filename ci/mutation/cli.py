@@ -93,14 +93,14 @@ def outcome_of(mutant: Mutant, result: RunResult) -> report.MutantOutcome:
 def _unrun(mutant: Mutant) -> report.MutantOutcome | None:
     """The outcome of a mutant not run: absent from the torch under test, or equivalent."""
     missing = missing_target(mutant)
-    found = report.MutantOutcome(mutant.name, mutant.upstream, mutant.bug, report.ABSENT)
+    status: report.MutantStatus
     if missing is not None:
-        found.detail = missing
+        status, why = report.ABSENT, missing
     elif mutant.equivalent is not None:
-        found.status, found.detail = report.EQUIVALENT, mutant.equivalent
+        status, why = report.EQUIVALENT, mutant.equivalent
     else:
         return None
-    return found
+    return report.MutantOutcome(mutant.name, mutant.upstream, mutant.bug, status, detail=why)
 
 
 def verify_killers(outcomes: list[report.MutantOutcome], settings: RunSettings, out: Path) -> None:

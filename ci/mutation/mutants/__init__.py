@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from types import ModuleType
 
 from ci.mutation.mutants import (
     checkpoint_async,
@@ -52,12 +53,19 @@ def missing_target(mutant: Mutant) -> str | None:
         if error.name is None or not mutant.upstream.startswith(error.name):
             raise
         return f"torch {torch.__version__} has no module {mutant.upstream}"
-    owner: object = home
-    for part in mutant.target.split("."):
-        if not hasattr(owner, part):
-            return f"torch {torch.__version__}'s {mutant.upstream} has no {mutant.target}"
-        owner = getattr(owner, part)
+    try:
+        owner, attribute = _owner_of(home, mutant.target)
+        getattr(owner, attribute)
+    except AttributeError:
+        return f"torch {torch.__version__}'s {mutant.upstream} has no {mutant.target}"
     return None
+
+
+def _owner_of(home: ModuleType, target: str) -> tuple[object, str]:
+    """What holds ``target`` in ``home`` (the module, or the class of ``Class.method``), and
+    the attribute's name there."""
+    owner_name, _, attribute = target.rpartition(".")
+    return (getattr(home, owner_name) if owner_name else home), attribute
 
 
 def apply(mutant: Mutant) -> list[str]:
@@ -65,8 +73,7 @@ def apply(mutant: Mutant) -> list[str]:
     for name in (*MODELLED_MODULES, "torch.distributed.fsdp", mutant.upstream):
         importlib.import_module(name)
     home = sys.modules[mutant.upstream]
-    owner_name, _, attribute = mutant.target.rpartition(".")
-    owner = getattr(home, owner_name) if owner_name else home
+    owner, attribute = _owner_of(home, mutant.target)
     original = getattr(owner, attribute)
     replacement = functools.wraps(original)(mutant.mutate(original))
     if owner is not home:  # a method: its class is the one holder
