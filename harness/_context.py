@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from harness._groups import KeptMeshes
 from harness._spec import WorldSpec
@@ -13,6 +14,8 @@ from harness.devices import CPU
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -92,6 +95,21 @@ class WorldContext:
         if self.meshes is not None:
             return self.meshes.mesh(self.device_type, dims, names)
         return init_device_mesh(self.device_type, dims, mesh_dim_names=names)
+
+    def kept(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``'s result for ``key``, made once and kept for the world's later tests as
+        long as its meshes are (``mesh``): set-up that many cases share, such as a cell
+        trained and its state dict read, made by the first that asks.
+
+        Every rank must ask for it alike, as for a mesh; ``make`` may run collectives and
+        make DTensors on the kept meshes. Callers share what it returns: they copy what they
+        change. It is kept on every rank or none: where ``make`` raises on some ranks, the
+        others wait for them until they are cut as hung, and the world is replaced. Under
+        torchrun, where meshes are not kept, it is made at each call.
+        """
+        if self.meshes is None:
+            return make()
+        return self.meshes.kept(key, make, agree=self.barrier)
 
     def respawn_after_test(self) -> bool:
         """Ask for a fresh world for the next test, because this one leaves its rank

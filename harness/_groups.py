@@ -12,20 +12,25 @@ the default one is destroyed and the caches are cleared: the next test starts as
 world. Ranks decide alike: from their process-group counter (``new_group`` counts on every
 rank, member or not) and their own outcome, on both of which the controller keeps a world only
 where ranks agree.
+
+What tests make on the meshes and ask to keep (``world.kept``: a cell trained and its state
+read, set-up every case of a test shares) lives exactly as long as they do: it may hold
+DTensors and ShardedTensors on their groups.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
 MeshKey = tuple[str, tuple[int, ...], tuple[str, ...] | None]
+T = TypeVar("T")
 
 
 class KeptMeshes:
@@ -39,6 +44,8 @@ class KeptMeshes:
         # mesh is made, as a mesh resolves a destroyed group differently on each release
         # (RuntimeError on 2.13, TypeError on 2.6).
         self._groups: dict[ProcessGroup, None] = {}
+        # What tests made and asked to keep (``kept``), by their key.
+        self._kept: dict[Hashable, Any] = {}
         # The process-group counter as it would read had only the kept meshes made groups.
         self._expected_count = dist.get_pg_count()
 
@@ -57,6 +64,20 @@ class KeptMeshes:
             self._groups.update(dict.fromkeys(mesh.get_group(dim) for dim in range(mesh.ndim)))
         return self._meshes[key]
 
+    def kept(self, key: Hashable, make: Callable[[], T], agree: Callable[[], None]) -> T:
+        """``make()``'s result for ``key``, made where it is not kept yet and kept with the
+        meshes. Every rank must ask for it alike, as for a mesh. The ranks that made it meet
+        at ``agree`` (a barrier) before keeping it, so that it is kept on every rank or none:
+        where ``make`` raised on some, the others wait there until the harness cuts them as
+        hung, and the world is replaced."""
+        if key not in self._kept:
+            value = make()
+            agree()
+            self._kept[key] = value
+            return value
+        kept: T = self._kept[key]  # what ``make`` for this key returned
+        return kept
+
     def after_test(self, passed: bool, counted: bool) -> int:
         """Keep the meshes if the test made no other group and passed, or its collectives on
         them were ``counted``; else undo every group and cached decision. Returns the
@@ -69,6 +90,7 @@ class KeptMeshes:
             _destroy_groups()
             self._meshes.clear()
             self._groups.clear()
+            self._kept.clear()
             self._expected_count = count
         return count
 

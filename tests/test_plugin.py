@@ -46,10 +46,15 @@ def test_world_meshes_are_kept_while_tests_pass(features: InnerRun) -> None:
     test = "test_world_meshes_are_kept_while_tests_pass[w2-{}]"
     steps = ("made", "kept", "makes_a_group", "fresh_after_a_group", "destroys_its_group")
     steps += ("fresh_after_destroying", "kept_after_failing")
-    for step in (*steps, "fresh_world_after_failing_out_of_step"):
+    fresh_worlds = ("fresh_world_after_failing_out_of_step", "fresh_world_after_a_failed_make")
+    for step in (*steps, *fresh_worlds):
         assert features.outcome(test.format(step)) == "passed", features.message(test.format(step))
     assert features.outcome(test.format("fails")) == "failed"
     assert features.outcome(test.format("fails_out_of_step")) == "failed"
+    failed_make = test.format("kept_object_fails_to_be_made_on_rank_1")
+    assert features.outcome(failed_make) == "failed"
+    assert "rank 0 hung, rank 1 failed" in features.message(failed_make)
+    assert "RuntimeError: rank 1 cannot make it" in features.message(failed_make)
 
 
 def test_combinations_that_do_not_apply_are_not_collected(features: InnerRun) -> None:

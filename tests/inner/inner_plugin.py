@@ -93,6 +93,12 @@ def test_dtensor_ops_on_a_mesh_equal_to_an_earlier_tests(world, round):
 _SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
 
 
+def _made_on_rank_0_alone(rank: int) -> object:
+    if rank != 0:
+        raise RuntimeError(f"rank {rank} cannot make it")
+    return object()
+
+
 @pytest.mark.world(2)
 @pytest.mark.parametrize(
     "step",
@@ -107,30 +113,38 @@ _SEEN: dict[str, object] = {}  # what earlier steps saw in this rank process
         "kept_after_failing",
         "fails_out_of_step",
         "fresh_world_after_failing_out_of_step",
+        "kept_object_fails_to_be_made_on_rank_1",
+        "fresh_world_after_a_failed_make",
     ],
 )
 def test_world_meshes_are_kept_while_tests_pass(world, step):
-    """One world runs the steps in order: a mesh outlives a passing test, and a failing one
-    whose ranks all ran as many collectives on it; not one that made another group or
-    destroyed one of the mesh's (then its groups are destroyed), nor a failure after which one
-    rank ran more collectives on it than another (then the world goes: data could be in
-    flight)."""
+    """One world runs the steps in order: a mesh, and what tests keep with it
+    (``world.kept``), outlives a passing test, and a failing one whose ranks all ran as many
+    collectives on it; not one that made another group or destroyed one of the mesh's (then
+    its groups are destroyed), nor a failure after which one rank ran more collectives on it
+    than another (then the world goes: data could be in flight). What one rank failed to
+    make is kept by none: the other waits for it, is cut, and the world goes."""
     mesh = world.mesh((1, world.size), ("single", "all"))
     groups = {mesh.get_group(dim) for dim in range(mesh.ndim)} - {c10d.GroupMember.WORLD}
     assert groups, "a mesh of two dims has a group besides the default one"
-    if step in ("made", "fresh_world_after_failing_out_of_step"):
+    if step == "kept_object_fails_to_be_made_on_rank_1":
+        world.kept("made on rank 0 alone", lambda: _made_on_rank_0_alone(world.rank))
+    made = world.kept("made with the mesh", object)
+    if step in ("made", "fresh_world_after_failing_out_of_step", "fresh_world_after_a_failed_make"):
         assert os.getpid() != _SEEN.get("pid"), "the world was kept"
-        _SEEN.update(pid=os.getpid(), mesh=mesh, groups=groups)
+        _SEEN.update(pid=os.getpid(), mesh=mesh, groups=groups, made=made)
         return
     assert os.getpid() == _SEEN["pid"], "the steps ran in another world"
     earlier = _SEEN["mesh"]
     if step.startswith("fresh"):
         assert mesh is not earlier
+        assert made is not _SEEN["made"]
         assert not _SEEN["groups"] & set(c10d._world.pg_map)
         assert set(c10d._world.pg_map) == groups | {c10d.GroupMember.WORLD}
-        _SEEN.update(mesh=mesh, groups=groups)
+        _SEEN.update(mesh=mesh, groups=groups, made=made)
         return
     assert mesh is earlier
+    assert made is _SEEN["made"]
     if step == "makes_a_group":
         dist.new_group(list(range(world.size)))
     if step == "destroys_its_group":
