@@ -2,7 +2,8 @@
 
 Judged against what a user can act on, not against the oracle. A cell trains two Adam steps
 and reads its optimizer state dict with ``get_optimizer_state_dict`` (sharded or full, nested
-or flattened); the dict is then spoiled in one way, alike on every rank, and loaded with
+or flattened; read once per world and kept for every spoil, each spoiling a copy); the dict
+is then spoiled in one way, alike on every rank, and loaded with
 ``set_optimizer_state_dict`` (strict, the default) into a fresh model and optimizer of the
 same cell, which then trains one step (on a pipeline, the stage holding ``fc1.weight`` is
 given the spoiled dict, and the other stage its own, unspoiled: it must load it). What is
@@ -202,18 +203,44 @@ def _verdict(spoil: Spoil, outcomes: list[str | None], spoiled: list[bool]) -> l
     return wrong
 
 
+def _copied(tree: Any) -> Any:
+    """``tree`` with its containers and tensors copied (a DTensor or ShardedTensor by its
+    own ``clone``; ``copy.deepcopy`` took a tenth longer per case): a case spoils and loads
+    a copy of the kept read."""
+    if isinstance(tree, dict):
+        return {key: _copied(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_copied(value) for value in tree]
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    return tree
+
+
+def _read_after_two_steps(api: Any, world: Any, cell: Parallelism, path: str) -> Any:
+    """``api``'s optimizer state dict of ``cell`` read by ``path`` after two steps, copied:
+    the read is the same for every spoil, so one is made per world and kept
+    (``world.kept``)."""
+
+    def read() -> Any:
+        model, optimizer = _trained(cell, world, steps=2)
+        options = api.StateDictOptions(**PATHS[path])
+        return api.get_optimizer_state_dict(model, optimizer, options=options)
+
+    api_name = "oracle" if api is ri else "torch"
+    return _copied(world.kept((__name__, api_name, cell.name, path), read))
+
+
 def _judge(api: Any, world: Any, cell: str, path: str, spoil: str) -> None:
     """``api``'s optimizer state dict, read after two steps and spoiled, loaded into fresh
     objects of ``cell``: fails naming each rank that accepted it, or refused it by no key."""
     parallelism, bad = PARALLELISMS[cell], SPOILS[spoil]
     options = api.StateDictOptions(**PATHS[path])
-    model, optimizer = _trained(parallelism, world, steps=2)
-    given = api.get_optimizer_state_dict(model, optimizer, options=options)
-    spoiled_here = holds(model)(PARAM)  # a pipeline's other stages hold no state of it
+    given = _read_after_two_steps(api, world, parallelism, path)
+    fresh, fresh_optimizer = _trained(parallelism, world, steps=0)
+    spoiled_here = holds(fresh)(PARAM)  # a pipeline's other stages hold no state of it
     if spoiled_here:
         bad.apply(Editable(given, options.flatten_optimizer_state_dict))
     spoiled = _everyone(spoiled_here)
-    fresh, fresh_optimizer = _trained(parallelism, world, steps=0)
 
     outcomes = _everyone(
         _attempt(
