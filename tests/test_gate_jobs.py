@@ -127,7 +127,7 @@ from ci.gate import jobs
 signal.signal(signal.SIGINT, signal.default_int_handler)
 jobs.STOP_GRACE_S = 0.5
 job = sys.argv[2]
-command_of = lambda directory, part: [sys.executable, "-c", job, str(directory), part]
+command_of = lambda directory, claims: [sys.executable, "-c", job, str(directory), directory.name]
 sys.exit(jobs.run_jobs(command_of, 2, Path(sys.argv[1]), Path.cwd()))
 """
 

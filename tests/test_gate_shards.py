@@ -57,6 +57,35 @@ def test_a_modules_tests_at_one_world_size_stay_together_and_the_load_is_even() 
     assert sorted(loads) == [10.5, 14.0]
 
 
+def test_jobs_claim_the_largest_world_first_and_within_it_the_dearest_group() -> None:
+    order = [group for group, _ in shard.claim_order(IDS, DURATIONS)]
+    assert order == [
+        ("test_c", 4),
+        ("test_a", 4),
+        ("test_b", 2),  # 6 s
+        ("test_a", 2),  # 5 s
+        ("test_a", 1),
+        ("test_d", 1),  # a test of no world: 0.5 s
+    ]
+
+
+def test_each_group_is_run_whole_by_the_one_job_that_claims_it_first(tmp_path: Path) -> None:
+    order = shard.claim_order(IDS, DURATIONS)
+    group_of = {nodeid: group for group, members in order for nodeid in members}
+    jobs = [shard.Claims(tmp_path, group_of), shard.Claims(tmp_path, group_of)]
+    ran: list[list[str]] = [[], []]
+    for turn, (_, members) in enumerate(order):  # each job asks for every id as it comes due
+        for nodeid in members:
+            for index in (turn % 2, 1 - turn % 2):
+                if jobs[index].ours(nodeid):
+                    ran[index].append(nodeid)
+    assert sorted(ran[0] + ran[1]) == sorted(IDS)
+    assert len(ran[0]) + len(ran[1]) == len(IDS)
+    assert all(ran)
+    for _, members in order:
+        assert set(members) <= set(ran[0]) or set(members) <= set(ran[1])
+
+
 @pytest.mark.parametrize("text", ["0/2", "3/2", "2", "a/b"])
 def test_a_shard_is_k_of_n(text: str) -> None:
     with pytest.raises(ValueError, match="K"):

@@ -109,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pytest_command(args: argparse.Namespace, out: Path, job: str | None = None) -> list[str]:
+def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = None) -> list[str]:
     """The pytest run of the gate: the suite, the options, and the recorder plugin; with
-    ``job`` (``J/N``), the J-th of N parts of the ids it would run."""
+    ``claims``, a job that runs the groups of ids it claims in that directory first."""
     extra: list[str] = args.pytest_args
     named = [
         arg
@@ -142,9 +142,12 @@ def pytest_command(args: argparse.Namespace, out: Path, job: str | None = None) 
         command.append("--manifest-lift-skips")
     if args.recorded_durations:
         command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
-    shards = [shard for shard in (args.shard, job) if shard]
-    if shards:
-        command += ["-p", "ci.gate.shard", *(f"--gate-shard={shard}" for shard in shards)]
+    if args.shard or claims:
+        command += ["-p", "ci.gate.shard"]
+        if args.shard:
+            command.append(f"--gate-shard={args.shard}")
+        if claims:
+            command.append(f"--gate-claims={claims}")
         if args.shard_weights:
             command.append(f"--gate-shard-durations={Path(args.shard_weights).resolve()}")
     return command + options

@@ -2,10 +2,11 @@
 
 A world of ranks spends much of a test waiting (in gloo's rounds of a collective, for its
 slowest rank), so one pytest session leaves a CPU host's cores partly idle. ``--jobs N`` runs
-N pytest sessions at once, the J-th holding the J-th of N parts of the ids
-(``ci.gate.shard``: near-equal recorded time; of the runner's own part where ``--shard`` is
-given too), and merges their results and junit XML (``ci.gate.merge``) into the run's
-``--out``: the ids, outcomes and report of one session. Each job writes into
+N pytest sessions at once over the same ids (the runner's own part where ``--shard`` is
+given too), each running the groups of ids it claims first in a directory they share
+(``ci.gate.shard``: a module's tests at one world size, the dearest first), and merges their
+results and junit XML (``ci.gate.merge``) into the run's ``--out``: the ids, outcomes and
+report of one session. Each job writes into
 ``--out/jobs/J``, and its output reaches the console line by line, each line prefixed
 ``[job J/N]``.
 
@@ -17,6 +18,7 @@ the host's devices, which two jobs would share.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,15 +162,17 @@ def merge_jobs(directories: list[Path], statuses: list[int], out: Path) -> int:
     return status
 
 
-def run_jobs(command_of: Callable[[Path, str], list[str]], count: int, out: Path, cwd: Path) -> int:
-    """Run ``count`` jobs side by side, the J-th ``command_of(its directory, "J/count")``,
-    and merge their reports into ``out``; the run's exit status."""
+def run_jobs(
+    command_of: Callable[[Path, Path], list[str]], count: int, out: Path, cwd: Path
+) -> int:
+    """Run ``count`` jobs side by side, each ``command_of(its directory, the directory of
+    the claims they share)``, and merge their reports into ``out``; the run's exit status."""
     directories = job_directories(out, count)
     for directory in directories:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "results.json").unlink(missing_ok=True)
-    commands = [
-        command_of(directory, f"{job}/{count}")
-        for job, directory in enumerate(directories, start=1)
-    ]
+    claims = out / "jobs" / "claims"
+    shutil.rmtree(claims, ignore_errors=True)
+    claims.mkdir()
+    commands = [command_of(directory, claims) for directory in directories]
     return merge_jobs(directories, run_side_by_side(commands, cwd), out)

@@ -5,9 +5,13 @@ Ids go in groups, a module's tests at one world size together (a runner then set
 world once for them, not once per shard), and the groups are dealt, dearest first, to the
 part with the least recorded time so far (each id weighs its test function's mean duration
 at its world size, ``ci/gate/mean-durations.json``). ``python -m
-ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``;
-``--gate-shard`` given twice splits the first choice's part again (a runner's shard into the
-jobs that run it side by side, ``ci.gate.jobs``).
+ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``.
+
+Jobs side by side on one host (``ci.gate.jobs``) do not split their ids ahead: each runs the
+groups it claims (``--gate-claims DIR``, a directory they share), in one order, the largest
+world first and within it the dearest group first; a job that finishes a group claims the
+next one no job has claimed. Recorded weights only order the groups, so the jobs end within
+one small group of each other however the host's contention differs from the recording.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import pytest
 
 from ci.gate.durations import weight_key
 from ci.gate.tier import UNKNOWN_DURATION_S, module_of, world_size_of
+
+Group = tuple[str, int]  # a module's tests at one world size
+CLAIMS = pytest.StashKey["Claims"]()
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -33,52 +40,111 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _groups(ids: list[str]) -> dict[Group, list[str]]:
+    """``ids`` by module and world size, each group's ids in their order."""
+    groups: dict[Group, list[str]] = {}
+    for nodeid in ids:
+        groups.setdefault((module_of(nodeid), world_size_of(nodeid)), []).append(nodeid)
+    return groups
+
+
+def _weight(members: list[str], durations: dict[str, float]) -> float:
+    return sum(durations.get(weight_key(nodeid), UNKNOWN_DURATION_S) for nodeid in members)
+
+
 def split(ids: list[str], durations: dict[str, float], count: int) -> list[list[str]]:
     """``ids`` in ``count`` parts of near-equal recorded time, each group of a module at one
     world size in one part; ids keep their order within a part."""
-    groups: dict[tuple[str, int], list[str]] = {}
-    for nodeid in ids:
-        groups.setdefault((module_of(nodeid), world_size_of(nodeid)), []).append(nodeid)
-
-    def weight(members: list[str]) -> float:
-        return sum(durations.get(weight_key(i), UNKNOWN_DURATION_S) for i in members)
-
     loads = [0.0] * count
     owner: dict[str, int] = {}
-    by_weight = sorted(groups.items(), key=lambda group: (-weight(group[1]), group[0]))
+    by_weight = sorted(
+        _groups(ids).items(), key=lambda group: (-_weight(group[1], durations), group[0])
+    )
     for _, members in by_weight:
         part = min(range(count), key=lambda index: (loads[index], index))
-        loads[part] += weight(members)
+        loads[part] += _weight(members, durations)
         owner.update(dict.fromkeys(members, part))
     return [[nodeid for nodeid in ids if owner[nodeid] == part] for part in range(count)]
 
 
+def claim_order(ids: list[str], durations: dict[str, float]) -> list[tuple[Group, list[str]]]:
+    """The groups of ``ids`` in the order jobs claim them: the largest world first (a job
+    then starts each world size once or twice), within it the dearest group first (the last
+    ones claimed are the cheapest, so the jobs end close together)."""
+    return sorted(
+        _groups(ids).items(),
+        key=lambda group: (-group[0][1], -_weight(group[1], durations), group[0]),
+    )
+
+
+class Claims:
+    """The groups this job runs: a group is claimed when its first test is due, by creating
+    its file in the directory the jobs share; the job that creates it runs the group."""
+
+    def __init__(self, directory: Path, group_of: dict[str, Group]) -> None:
+        self.directory = directory
+        self.group_of = group_of
+        self.decided: dict[Group, bool] = {}
+
+    def ours(self, nodeid: str) -> bool:
+        group = self.group_of[nodeid]
+        if group not in self.decided:
+            self.decided[group] = self._claim(group)
+        return self.decided[group]
+
+    def _claim(self, group: Group) -> bool:
+        module, size = group
+        try:
+            (self.directory / f"{module}[w{size}]").touch(exist_ok=False)
+        except FileExistsError:
+            return False
+        return True
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gate")
-    group.addoption(
-        "--gate-shard",
-        action="append",
-        metavar="K/N",
-        help="run the K-th of N parts of the ids; repeated, of the part the one before chose",
-    )
+    group.addoption("--gate-shard", metavar="K/N", help="run the K-th of N parts of the ids")
     group.addoption(
         "--gate-shard-durations", metavar="PATH", help="the recorded durations that weigh ids"
+    )
+    group.addoption(
+        "--gate-claims",
+        metavar="DIR",
+        help="run only the groups of ids this job claims first in DIR, which jobs side by "
+        "side share",
     )
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    chosen = config.getoption("gate_shard")
-    if not chosen:
+    shard = config.getoption("gate_shard")
+    claims = config.getoption("gate_claims")
+    if not (shard or claims):
         return
     recorded = config.getoption("gate_shard_durations")
     durations = json.loads(Path(recorded).read_text()) if recorded else {}
     kept = [item.nodeid for item in items]
-    for shard in chosen:
+    if shard:
         k, n = parse_shard(shard)
         kept = split(kept, durations, n)[k - 1]
-    chosen_ids = set(kept)
-    dropped = [item for item in items if item.nodeid not in chosen_ids]
-    items[:] = [item for item in items if item.nodeid in chosen_ids]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
+        chosen_ids = set(kept)
+        dropped = [item for item in items if item.nodeid not in chosen_ids]
+        items[:] = [item for item in items if item.nodeid in chosen_ids]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+    if claims:
+        order = claim_order(kept, durations)
+        position = {nodeid: index for index, (_, members) in enumerate(order) for nodeid in members}
+        items.sort(key=lambda item: position[item.nodeid])
+        group_of = {nodeid: group for group, members in order for nodeid in members}
+        config.stash[CLAIMS] = Claims(Path(claims), group_of)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> bool | None:
+    """A test of a group another job claimed is left to it: no phase runs, nothing is
+    reported here."""
+    claims = item.config.stash.get(CLAIMS, None)
+    if claims is None or claims.ours(item.nodeid):
+        return None
+    return True
