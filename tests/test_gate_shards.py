@@ -154,13 +154,15 @@ def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -
     assert completed.returncode == 1, output
     _assert_reports_one_run(tmp_path / "out", whole)
     parts = [GateResults.load(tmp_path / "out" / "jobs" / f"{j}" / "results.json") for j in (1, 2)]
-    assert all(part.tests for part in parts)
+    # Each ran the groups it claimed first (most often one each; a quick job may take both).
+    assert sum(len(part.tests) for part in parts) == len(whole.tests)
     assert "[job 1/2] " in output
     assert "[job 2/2] " in output
 
 
 def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run) -> None:
-    """``--jobs`` splits the runner's shard again; a job left no ids does not fail the run."""
+    """``--jobs`` runs the runner's shard alone, its jobs claiming its groups; a job that
+    claims none (three jobs, fewer groups) does not fail the run."""
     suite, manifest, _ = whole_run
     _run(tmp_path / "alone", suite, manifest, "--shard", "2/2")
     completed = gate_on_inner_suite(
