@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness import _env, memory, outcomes
+from harness import _env, machine, memory, outcomes
 from harness import _messages as msg
 from harness._capture import STREAMS, read_capture, stack_dump_path
 from harness._forkserver import ForkedRank, ForkServerError, ForkServers
@@ -399,7 +399,7 @@ def rank_env(settings: WorldSettings, rank: int) -> dict[str, str]:
     env["PYTHONHASHSEED"] = str(settings.hash_seed + rank)
     # Loopback rendezvous, and no oversubscription of a small machine.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", machine.RANK_THREADS)
     for name, value in memory.ALLOCATOR_ENV.items():
         env.setdefault(name, value)  # steady peak-memory readings
     return env

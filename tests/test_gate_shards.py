@@ -4,7 +4,7 @@ time, and the merged report equals one run's; so does a run of jobs side by side
 from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from ci.gate import durations, merge, shard
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
+from harness.machine import MachineSignature
 from tests.test_gate import gate_on_inner_suite, inner_suite
 
 pytestmark = pytest.mark.slow
@@ -192,6 +193,16 @@ def test_merge_refuses_an_id_run_twice_and_shards_of_two_builds() -> None:
         ValueError, match=r"shards of different builds: torch 2\.13\.0 and 2\.15\.0"
     ):
         merge.merged_results(builds)
+
+
+def test_a_merged_run_names_every_machine_its_shards_ran_on() -> None:
+    """Shards may run on runners of other CPUs: the merged report names each signature once."""
+    avx2 = MachineSignature("x86_64", "CPU", "id", "f0", "AVX2", "blas mkl", 1, "glibc 2.36")
+    avx512 = replace(avx2, capability="AVX512")
+    shards = [results_of("2.13.0", [f"m.py::t{k}[w2]"]) for k in range(3)]
+    for part, machine in zip(shards, (avx2, avx512, avx2), strict=True):
+        part.target = replace(part.target, machines=(machine,))
+    assert merge.merged_results(shards).target.machines == (avx2, avx512)
 
 
 def test_merge_names_a_shard_without_results(tmp_path: Path, capsys) -> None:

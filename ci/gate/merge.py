@@ -49,8 +49,10 @@ def merged_results(shards: list[GateResults]) -> GateResults:
                     f"{test.nodeid} ran in shards {seen[test.nodeid] + 1} and {index + 1}"
                 )
             seen[test.nodeid] = index
+    machines = dict.fromkeys(machine for shard in shards for machine in shard.target.machines)
     return replace(
         first,
+        target=replace(first.target, machines=tuple(machines)),
         exit_status=worst_status([shard.exit_status for shard in shards]),
         duration_s=max(shard.duration_s for shard in shards),
         tests=[test for shard in shards for test in shard.tests],

@@ -99,6 +99,10 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
                 target.device
                 + (f" ({target.device_count} visible)" if target.device_count else ""),
             ),
+            (
+                "machine",
+                "; ".join(machine.describe() for machine in target.machines) or "not recorded",
+            ),
             ("world sizes", ", ".join(map(str, target.world_sizes)) or "none"),
             ("tier", TIERS.get(results.tier, results.tier)),
             (

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.machine import MachineSignature, rank_threads, this_machine
+
 SUITE_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,13 +31,22 @@ class ExecutionTarget:
     host: str
     date: str
     device_type: str = "cpu"  # reports from before device types were recorded ran on CPUs
+    # What the ranks' computed bits depend on: one machine, or each machine that ran shards
+    # of a merged run (none in reports from before it was recorded).
+    machines: tuple[MachineSignature, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExecutionTarget:
-        return cls(**{**data, "world_sizes": tuple(data["world_sizes"])})
+        return cls(
+            **{
+                **data,
+                "world_sizes": tuple(data["world_sizes"]),
+                "machines": tuple(map(MachineSignature.from_json, data.get("machines", ()))),
+            }
+        )
 
 
 def detect(
@@ -63,6 +74,7 @@ def detect(
         host=platform.node(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device_type=device_type,
+        machines=(this_machine(device_type, threads=rank_threads()),),
     )
 
 
