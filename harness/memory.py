@@ -18,8 +18,13 @@ large free), and only a threshold fixed before the first allocation keeps them a
 processes that measure start with :data:`ALLOCATOR_ENV` (the harness's rank processes do).
 
 The kernel counts resident pages in per-CPU batches and takes the high-water mark from the
-folded count, so a reading can miss up to a batch of pages per CPU: the host figure is good to
-:data:`HOST_RESOLUTION_BYTES`, and reads low rather than high.
+folded count, so a reading can miss up to a batch of pages on each CPU the process ran on.
+The probe holds every thread of the process on the CPU it measures from while the block runs:
+the counts pending on other CPUs then stand still and cancel out, and the host figure is good
+to :data:`HOST_RESOLUTION_BYTES` (a batch grows with the CPUs online, slowly), on a runner of
+many cores as on two; it reads low rather than high. Its premises are glibc's malloc (the
+mmap threshold below) and Linux's counters: :func:`host_probe_missing` names a machine that
+breaks one, and callers skip.
 
 On an accelerator the probe also reads the build's peak-allocated statistic for the current
 device (``torch.accelerator`` where the build has its memory functions, else the device
@@ -34,6 +39,7 @@ import ctypes.util
 import functools
 import gc
 import os
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,10 +57,25 @@ MMAP_THRESHOLD_BYTES: Final = 128 * 1024
 # glibc reads this when a process starts: every block of the threshold or more is mapped on
 # its own and unmapped when freed, from the first allocation on.
 ALLOCATOR_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
-# The host figure's resolution: the resident-page count lags by up to a batch of pages (32 or
-# more) per CPU, and a peak sums several such counts. Measured on 2 CPUs (kernel 6.18): 300
-# blocks of exactly 2 MiB read between 56 and 304 KiB low; 64 pages per CPU covers that.
-HOST_RESOLUTION_BYTES: Final = 64 * os.sysconf("SC_PAGE_SIZE") * (os.cpu_count() or 1)
+# Allocators loaded in place of glibc's malloc, which keep their own heaps and thresholds.
+_OTHER_ALLOCATORS: Final = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "snmalloc")
+
+
+def _rss_batch_pages() -> int:
+    """Linux's batch of a per-CPU counter (``percpu_counter_batch``): pages a CPU may count
+    before they reach the total the high-water mark reads, ``max(32, 2 x CPUs online)``."""
+    return max(32, 2 * (os.cpu_count() or 1))
+
+
+# The host figure's resolution on this machine: up to a batch of pages pending on the CPU the
+# block runs on in each of the three counts the resident set sums (anonymous, file and shared
+# pages), at the baseline and at the peak: 768 KiB with 4 KiB pages and up to 16 CPUs online.
+# Measured on 2 CPUs (kernel 6.18): blocks of 2 MiB in tensors mapped on their own read up to
+# 268 KiB low held on one CPU, and up to 412 KiB low left to migrate.
+HOST_RESOLUTION_BYTES: Final = 2 * 3 * _rss_batch_pages() * os.sysconf("SC_PAGE_SIZE")
+_TASKS: Final = Path("/proc/self/task")
+_THREAD_STAT: Final = Path("/proc/thread-self/stat")
+_PROCESSOR_FIELD: Final = 36  # "processor" (field 39 of stat) after the name's ")"
 
 
 @dataclass
@@ -80,9 +101,19 @@ def mib(size: int) -> str:
 
 
 def host_probe_missing() -> str | None:
-    """Why this machine cannot measure a host peak, or None where it can."""
+    """Why this machine cannot measure a host peak as the probe's premises need, or None
+    where it can."""
     if not _STATUS.exists() or not _CLEAR_REFS.exists():
         return "peak host memory needs Linux's /proc/self/clear_refs and VmHWM"
+    libc, _ = platform.libc_ver()
+    if libc != "glibc":
+        return (
+            "peak host memory needs glibc's malloc and its mmap threshold; this C library is "
+            f"{libc or 'unknown'}"
+        )
+    preloaded = os.environ.get("LD_PRELOAD", "")
+    if any(name in preloaded for name in _OTHER_ALLOCATORS):
+        return f"peak host memory needs glibc's malloc; LD_PRELOAD loads another: {preloaded}"
     try:
         _CLEAR_REFS.write_text(_RESET_PEAK)
     except OSError as error:
@@ -98,14 +129,47 @@ def measure_peak(device_type: str = CPU) -> Iterator[Peak]:
     peak = Peak(device_type)
     synchronize(device_type)
     device_baseline = _reset_device(device_type)
-    host_baseline = _reset_host()
-    yield peak
-    synchronize(device_type)
-    peak.host = max(0, _status_bytes("VmHWM") - host_baseline)
+    with _threads_on_one_cpu():
+        host_baseline = _reset_host()
+        yield peak
+        synchronize(device_type)
+        peak.host = max(0, _status_bytes("VmHWM") - host_baseline)
     if device_baseline is not None:
         peak.device = max(
             0, int(_device_memory(device_type, "max_memory_allocated")) - device_baseline
         )
+
+
+@contextmanager
+def _threads_on_one_cpu() -> Iterator[None]:
+    """Hold every thread of this process (and any it starts) on the CPU this one runs on;
+    afterwards each thread gets its own CPUs back, a thread started meanwhile the process's."""
+    setaffinity = getattr(os, "sched_setaffinity", None)
+    if setaffinity is None or not _THREAD_STAT.exists():
+        yield
+        return
+    cpu = int(_THREAD_STAT.read_text().rsplit(")", 1)[1].split()[_PROCESSOR_FIELD])
+    whole = os.sched_getaffinity(0)
+    saved = {tid: _set_affinity(tid, {cpu}) for tid in _threads()}
+    try:
+        yield
+    finally:
+        for tid in _threads():
+            _set_affinity(tid, saved.get(tid) or whole)
+
+
+def _threads() -> list[int]:
+    return [int(name) for name in os.listdir(_TASKS)]
+
+
+def _set_affinity(tid: int, cpus: set[int]) -> set[int] | None:
+    """Give thread ``tid`` ``cpus``; its CPUs before, or None where it has ended."""
+    try:
+        before = os.sched_getaffinity(tid)
+        os.sched_setaffinity(tid, cpus)
+    except (ProcessLookupError, PermissionError):
+        return None
+    return before
 
 
 def _reset_host() -> int:

@@ -152,3 +152,18 @@ def test_an_accelerator_block_reports_its_device_peak() -> None:
         del on_device
     assert peak.device is not None
     assert 64 * MIB <= peak.device < 64 * MIB + 4 * MIB
+
+
+def test_another_allocator_is_named_as_missing_a_premise(monkeypatch: pytest.MonkeyPatch) -> None:
+    # jemalloc or tcmalloc keep heaps and thresholds of their own: glibc's fixed mmap
+    # threshold no longer keeps large tensors out of a reused heap, so readings would differ.
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert host_probe_missing() == (
+        "peak host memory needs glibc's malloc; LD_PRELOAD loads another: "
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    )
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2.4"))
+    assert host_probe_missing() == (
+        "peak host memory needs glibc's malloc and its mmap threshold; this C library is musl"
+    )
