@@ -37,6 +37,15 @@ def deadline(item: pytest.Item, options: WorldOptions) -> float:
     return fitted if cap is None else min(fitted, float(cap))
 
 
+def deadline_is_fitted(item: pytest.Item, options: WorldOptions) -> bool:
+    """Whether ``deadline`` is one fitted to the test's recorded duration, shorter than
+    ``--world-timeout``: recorded on another machine, it says nothing of a hang on this one."""
+    marker = item.get_closest_marker(MARKER)
+    explicit = marker is not None and marker.kwargs.get("timeout") is not None
+    fitted = options.deadline_s(item.nodeid)
+    return not explicit and fitted < options.timeout_s and deadline(item, options) == fitted
+
+
 def failure_is_expected(item: pytest.Item) -> bool:
     """Whether pytest will report any failure of ``item`` as an expected one, keeping only the
     xfail reason: an xfail marker with no condition and no ``raises`` that runs the test, and

@@ -50,7 +50,8 @@ class WorldOutcome:
     spec: WorldSpec
     results: dict[int, msg.RankResult]
     captures: dict[int, dict[str, str]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # worlds replaced before the test ran
+    rerun_because: str = ""  # why this is the outcome of the test's second run
 
     @property
     def verdict(self) -> RankStatus:
@@ -94,6 +95,17 @@ class WorldOutcome:
         if status != outcomes.FAILED:
             return len(counts) == 1  # uncounted everywhere: the kept meshes went
         return self.spec.device_type == "cpu" and len(counts) == 1 and None not in counts
+
+    @property
+    def cut_at_deadline(self) -> bool:
+        """Whether the test was cut only for missing its deadline: a rank hung, and none
+        failed or crashed first (its peers are then cut as hung too, but for its failure)."""
+        statuses = {self.results[rank].status for rank in self.ranks}
+        missing = len(self.results) < self.spec.size
+        return (outcomes.HUNG in statuses or missing) and not statuses & {
+            outcomes.FAILED,
+            outcomes.CRASHED,
+        }
 
     @property
     def ranks_lost(self) -> list[int]:
@@ -141,6 +153,8 @@ class WorldOutcome:
         """The failure text: a summary line, then each non-passing rank's report."""
         lines = [f"{self.spec.label}: " + ", ".join(self._rank_summaries())]
         lines += self.notes
+        if self.rerun_because:
+            lines.append(f"run twice: {self.rerun_because}")
         for rank in self.ranks:
             result = self.results[rank]
             if result.status != outcomes.PASSED:

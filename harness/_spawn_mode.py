@@ -9,7 +9,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from harness._forkserver import ForkServers
 from harness._items import (
     ALONE_MARKER,
     deadline,
+    deadline_is_fitted,
     failure_is_expected,
     failure_properties,
     item_size,
@@ -42,6 +43,11 @@ class WorldTicket:
 
 class WorldRespawnedWarning(pytest.PytestWarning):
     """A world died between tests (a rank exited after its last result) and was replaced."""
+
+
+class RunAgainWarning(pytest.PytestWarning):
+    """A test missed the deadline fitted to its recorded duration and ran again under
+    ``--world-timeout``: this machine is slower, or busier, than the one that recorded it."""
 
 
 class SpawnMode:
@@ -85,10 +91,33 @@ class SpawnMode:
         alone = item.get_closest_marker(ALONE_MARKER) is not None
         try:
             outcome = self._pool_of(item).run(ticket.spec, request, alone=alone)
+            if outcome.cut_at_deadline and self._confirms(item, request):
+                outcome = self._run_again_unfitted(item, ticket, request, outcome)
         except WorldStartError as exc:
             pytest.fail(str(exc), pytrace=False)
         _report(item, outcome)
         return True
+
+    def _confirms(self, item: pytest.Item, request: TestRequest) -> bool:
+        """Whether a cut at ``request``'s deadline must be confirmed before it fails the test:
+        the deadline was fitted to a duration recorded on another machine (or under other
+        load), and the failure is not one pytest will report as expected."""
+        return deadline_is_fitted(item, self.options) and not request.failure_expected
+
+    def _run_again_unfitted(
+        self, item: pytest.Function, ticket: WorldTicket, cut: TestRequest, first: WorldOutcome
+    ) -> WorldOutcome:
+        """Run the test again in a world of its own under ``--world-timeout``: its verdict is
+        the test's, so a slower machine than the one that recorded the durations costs time,
+        never a verdict. The first run's cut is noted."""
+        full = replace(cut, timeout_s=self.options.timeout_s)
+        outcome = self._pool_of(item).run(ticket.spec, full, alone=True)
+        lost = ", ".join(str(rank) for rank in first.ranks_lost)
+        outcome.rerun_because = (
+            f"cut at its deadline of {cut.timeout_s:.0f} s, fitted to its recorded duration "
+            f"(ranks {lost} still running), then run again alone under {full.timeout_s:.0f} s"
+        )
+        return outcome
 
     @contextlib.contextmanager
     def watch(self, item: pytest.Item) -> Iterator[None]:
@@ -169,6 +198,8 @@ def _report(item: pytest.Item, outcome: WorldOutcome) -> None:
     """Turn the world's outcome into this item's pytest outcome."""
     for note in outcome.notes:
         warnings.warn(WorldRespawnedWarning(note), stacklevel=1)
+    if outcome.rerun_because:
+        warnings.warn(RunAgainWarning(outcome.rerun_because), stacklevel=1)
     for rank, streams in sorted(outcome.captures.items()):
         for stream, text in streams.items():
             if text:
