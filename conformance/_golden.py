@@ -2,11 +2,14 @@
 
 A set lives in a directory named by the release that wrote it (``conformance/golden/2.13.0``,
 or any directory of sets named by ``GATE_GOLDEN_SETS``) and holds ``record.json``: the
-release, torch's version and git hash, the suite's commit, and for every checkpoint its
-files' hashes and every value it holds: for each key path the dtype, shape, hash of the bytes
-and first values of a tensor, or the value itself. ``python -m ci.gate.golden`` writes a set;
+release, torch's version and git hash, the suite's commit, the signature of the machine that
+wrote it (``harness.machine``), and for every checkpoint its files' hashes and every value it
+holds: for each key path the dtype, shape, hash of the bytes and first values of a tensor, or
+the value itself. ``python -m ci.gate.golden`` writes a set;
 ``conformance/test_golden_checkpoints.py`` loads every set into the build under test and
-holds each loaded value to the record, bit for bit.
+holds each loaded value to the record, bit for bit. What one process computed after the
+checkpoint (its trajectory) is kept whole beside the record (``TRAJECTORY``), so that
+another machine can hold its own steps to it within a tolerance (``conformance._computed``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from packaging.version import Version
 
 from conformance._held import every_rank, holds_a_part
 from conformance._upstream import dcp_formats, dsd, full_options
+from harness.machine import MachineSignature
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 SETS_VARIABLE = "GATE_GOLDEN_SETS"  # a directory of sets to read instead of GOLDEN_DIR
@@ -39,6 +43,9 @@ ENTRIES = ".entries"
 RECIPE = "adamw_step_lr"
 STEPS = 2
 FIRST_VALUES = 6  # first values of a tensor kept in the record, shown when one differs
+# Beside one process's torch.save state: its state after each step of its trajectory, every
+# leaf by key path (``state_leaves``), tensors whole.
+TRAJECTORY = "trajectory.pt"
 Kind = Literal["dcp", "fsdp1", "single"]
 
 
@@ -79,13 +86,12 @@ class GoldenSet:
     suite_commit: str
     written: str  # the date it was written
     device: str  # the device type its worlds trained on: its trajectory holds there alone
+    machine: MachineSignature  # where its single process computed its trajectory
     recipe: str
     steps: int  # the steps trained before every checkpoint
     checkpoints: tuple[GoldenCheckpoint, ...]
     skipped: dict[str, str] = field(default_factory=dict)  # writer test id -> why
     failed: dict[str, str] = field(default_factory=dict)  # writer test id -> its error
-    # The single process's k + n steps: each step's full state by key path as leaf records.
-    trajectory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def of_kind(self, kind: Kind) -> list[GoldenCheckpoint]:
         return [checkpoint for checkpoint in self.checkpoints if checkpoint.kind == kind]
@@ -96,6 +102,17 @@ class GoldenSet:
             if checkpoint.model == model:
                 return checkpoint
         raise GoldenError(f"the set of {self.release} holds no single-process {model} state")
+
+    def trajectory(self, model: str) -> list[dict[str, Any]]:
+        """One process's whole state after each step of ``model``'s trajectory, by key path
+        (``TRAJECTORY`` beside its ``torch.save`` state), refused where its bytes are not the
+        ones the record names."""
+        checkpoint = self.single(model)
+        path = self.directory / checkpoint.path / TRAJECTORY
+        if not path.is_file() or file_hash(path) != checkpoint.files.get(TRAJECTORY):
+            raise GoldenError(f"{path}: missing, or its bytes differ from the record")
+        leaves: list[dict[str, Any]] = torch.load(path, weights_only=True)
+        return leaves
 
     def disagreements(self) -> list[str]:
         """Every file of the set that is missing, changed or not in the record."""
@@ -162,12 +179,12 @@ def golden_set(release: str, root: Path | None = None) -> GoldenSet:
             suite_commit=data["suite_commit"],
             written=data["written"],
             device=data["device"],
+            machine=MachineSignature.from_json(data["machine"]),
             recipe=data["recipe"],
             steps=data["steps"],
             checkpoints=tuple(GoldenCheckpoint.from_json(e) for e in data["checkpoints"]),
             skipped=data.get("skipped", {}),
             failed=data.get("failed", {}),
-            trajectory=data.get("trajectory", {}),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise GoldenError(f"{record}: not a golden record ({error!r})") from error
@@ -188,16 +205,15 @@ def read_dcp(path: Path) -> dict[str, Any]:
 
 def assemble_record(target: Path, **about: Any) -> dict[str, Any]:
     """The record of the set the writer left under ``target``: every entry its ranks left,
-    each with its files' hashes, ``about`` the set (who wrote it, what it skipped), the
-    single process's trajectories apart. A DCP checkpoint's values are read back from its
-    files: a writer whose full state dict of a cell is wrong (a gather bug of its release)
-    still records what it saved."""
+    each with its files' hashes, ``about`` the set (who wrote it, what it skipped), and the
+    signature of the machine that computed the single process's trajectories. A DCP
+    checkpoint's values are read back from its files: a writer whose full state dict of a
+    cell is wrong (a gather bug of its release) still records what it saved."""
     checkpoints = []
-    trajectory = {}
+    machine = {}
     for entry_file in sorted((target / ENTRIES).glob("*.json")):
         entry = json.loads(entry_file.read_text())
-        if "trajectory" in entry:
-            trajectory[entry["model"]] = entry.pop("trajectory")
+        machine = entry.pop("machine", machine)
         written = target / entry["path"]
         if entry["kind"] == "dcp":  # what the files hold, not the writer's view of its model
             entry["values"] = leaf_records(read_dcp(written))
@@ -212,40 +228,48 @@ def assemble_record(target: Path, **about: Any) -> dict[str, Any]:
         "recipe": RECIPE,
         "steps": STEPS,
         "checkpoints": checkpoints,
-        "trajectory": trajectory,
+        "machine": machine,
         **about,
     }
 
 
-def leaf_records(tree: Any, path: str = "") -> dict[str, Any]:
+def state_leaves(tree: Any, path: str = "") -> dict[str, Any]:
     """A state dict's leaves by key path (``a.b`` for mappings, ``a[0]`` for sequences, a tuple
-    and a list alike): a tensor as its dtype, shape, the hash of its bytes and its first
-    values; any other value as itself, made JSON (``repr`` where JSON has no form)."""
+    and a list alike; an empty sequence is a leaf of its own)."""
     if isinstance(tree, Mapping):
         leaves: dict[str, Any] = {}
         for key, value in tree.items():
-            leaves.update(leaf_records(value, f"{path}.{key}" if path else str(key)))
+            leaves.update(state_leaves(value, f"{path}.{key}" if path else str(key)))
         return leaves
     if isinstance(tree, (list, tuple)):
         leaves = {}
         for index, value in enumerate(tree):
-            leaves.update(leaf_records(value, f"{path}[{index}]"))
+            leaves.update(state_leaves(value, f"{path}[{index}]"))
         return leaves or {path: []}
-    if isinstance(tree, torch.Tensor):
-        local = tree.detach().cpu().contiguous()
+    return {path: tree}
+
+
+def leaf_records(tree: Any) -> dict[str, Any]:
+    """A state dict's leaves by key path (``state_leaves``): a tensor as its dtype, shape, the
+    hash of its bytes and its first values; any other value as itself, made JSON (``repr``
+    where JSON has no form)."""
+    return {path: _record(leaf) for path, leaf in state_leaves(tree).items()}
+
+
+def _record(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        local = leaf.detach().cpu().contiguous()
         digest = hashlib.sha256(local.reshape(-1).view(torch.uint8).numpy().tobytes())
         digest.update(f"{local.dtype}{list(local.shape)}".encode())
         return {
-            path: {
-                "dtype": str(local.dtype),
-                "shape": list(local.shape),
-                "sha256": digest.hexdigest(),
-                "first": local.reshape(-1)[:FIRST_VALUES].tolist(),
-            }
+            "dtype": str(local.dtype),
+            "shape": list(local.shape),
+            "sha256": digest.hexdigest(),
+            "first": local.reshape(-1)[:FIRST_VALUES].tolist(),
         }
-    if tree is None or isinstance(tree, (bool, int, float, str)):
-        return {path: tree}
-    return {path: repr(tree)}
+    if leaf is None or isinstance(leaf, (bool, int, float, str, list)):  # a list is empty
+        return leaf
+    return repr(leaf)
 
 
 def _shown(leaf: Any) -> str:
@@ -292,16 +316,20 @@ def value_differences(
     return found[:limit]
 
 
+def full_state(model: Any, optimizer: Any, scheduler: Any, *, flatten: bool) -> dict[str, Any]:
+    """The full model, optimizer and scheduler state as ``get_state_dict`` gives them, the
+    optimizer's flattened where ``flatten`` says. Collective."""
+    options = full_options(flatten_optimizer_state_dict=True) if flatten else full_options()
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
+    return {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
+
+
 def full_state_leaves(
     model: Any, optimizer: Any, scheduler: Any, *, flatten: bool
 ) -> dict[str, Any]:
-    """The leaf records (``leaf_records``) of the full model, optimizer and scheduler state as
-    ``get_state_dict`` gives them, the optimizer's flattened where ``flatten`` says; where each
-    rank holds a part of the model, the union of every rank's. Collective."""
-    options = full_options(flatten_optimizer_state_dict=True) if flatten else full_options()
-    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
-    state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
-    leaves = leaf_records(state)
+    """The leaf records (``leaf_records``) of ``full_state``; where each rank holds a part of
+    the model, the union of every rank's. Collective."""
+    leaves = leaf_records(full_state(model, optimizer, scheduler, flatten=flatten))
     if not holds_a_part(model):
         return leaves
     merged: dict[str, Any] = {}

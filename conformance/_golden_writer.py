@@ -23,7 +23,18 @@ import torch
 from conformance._dcp import training_state
 from conformance._divergences import applied_manifests
 from conformance._fsdp1 import fsdp1_api, torch_model_state_dict, under_optim_settings
-from conformance._golden import ENTRIES, OUT_VARIABLE, RECIPE, STEPS, Kind, full_state_leaves
+from conformance._golden import (
+    ENTRIES,
+    OUT_VARIABLE,
+    RECIPE,
+    STEPS,
+    TRAJECTORY,
+    Kind,
+    full_state,
+    full_state_leaves,
+    leaf_records,
+    state_leaves,
+)
 from conformance._held import holds_a_part
 from conformance._optimizers import OPTIMIZERS
 from conformance._parallelisms import PARALLELISMS, exists_at_size
@@ -32,6 +43,7 @@ from conformance._trajectory import trained
 from conformance._upstream import dcp
 from conformance.models.common import train
 from conformance.models.zoo import MODELS
+from harness.machine import this_machine
 from harness.manifest import resolve
 
 DCP_WRITERS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
@@ -148,8 +160,8 @@ def test_writes_fsdp1_state_dicts(world: Any, kind: str) -> None:
 @pytest.mark.parametrize("model_id", SINGLE_MODELS)
 def test_writes_the_single_process_state(world: Any, model_id: str) -> None:
     """One process's model, optimizer and scheduler state after ``STEPS`` steps, each through
-    ``torch.save`` as users keep them, and the state after every step of ``STEPS +
-    MORE_STEPS``."""
+    ``torch.save`` as users keep them, and its whole state after every step of ``STEPS +
+    MORE_STEPS`` (``TRAJECTORY``), with the signature of the machine that computed it."""
     recipe = MODELS[model_id]
     model = recipe.build().to(world.device)
     optimizer, scheduler = OPTIMIZERS[RECIPE].build(model)
@@ -158,11 +170,19 @@ def test_writes_the_single_process_state(world: Any, model_id: str) -> None:
     trajectory = []
     for step in range(STEPS + MORE_STEPS):
         train(model, optimizer, 1, scheduler, start=step, inputs=recipe.inputs)
-        trajectory.append(full_state_leaves(model, optimizer, scheduler, flatten=False))
+        state = full_state(model, optimizer, scheduler, flatten=False)
+        trajectory.append({key: _kept(leaf) for key, leaf in state_leaves(state).items()})
         if step + 1 == STEPS:
-            values = trajectory[-1]
             torch.save(model.state_dict(), _out() / path / "model.pt")
             torch.save(optimizer.state_dict(), _out() / path / "optim.pt")
             torch.save(_scheduled(scheduler).state_dict(), _out() / path / "scheduler.pt")
+    torch.save(trajectory, _out() / path / TRAJECTORY)
     entry = _entry(path, "single", "single", 1, "torch.save", model_id, False)
-    _leave_entry(world, entry | {"values": values, "trajectory": trajectory})
+    values = leaf_records(trajectory[STEPS - 1])
+    machine = this_machine(world.device_type).to_json()
+    _leave_entry(world, entry | {"values": values, "machine": machine})
+
+
+def _kept(leaf: Any) -> Any:
+    """A leaf as the trajectory keeps it: a tensor detached, on the host, its own copy."""
+    return leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf

@@ -17,10 +17,12 @@ parts); two more steps then equal one process's two steps from the set's ``torch
 state, in this build (within the tensor-parallel tolerances where a writer or reader is
 tensor-parallel), wherever the checkpoint holds that state: a writer whose release trained a
 cell apart from one process (a known divergence of its own) is judged by values alone.
-Loaded by the release that wrote it, one process's steps equal the recorded trajectory too:
-across releases an optimizer's arithmetic may change, which is no incompatibility of the
-checkpoint. A failure names the release that wrote the checkpoint,
-its path in the set, the key and both values.
+Loaded by the release that wrote it, one process's steps equal the recorded trajectory too
+(across releases an optimizer's arithmetic may change, which is no incompatibility of the
+checkpoint): bit for bit where this build and machine signature are the writer's, within a
+tolerance of the dtype and the steps on any other machine (``conformance._computed``). A
+failure names the release that wrote the checkpoint, its path in the set, the key and both
+values; a trajectory's failure names both machines.
 """
 
 from __future__ import annotations
@@ -31,15 +33,18 @@ from typing import Any
 import pytest
 import torch
 
+from conformance._computed import computed_differences
 from conformance._dcp import load_checkpoint
 from conformance._fsdp1 import fsdp1_api, optim_settings, torch_model_load
 from conformance._golden import (
     GoldenCheckpoint,
     GoldenSet,
+    full_state,
     full_state_leaves,
     golden_set,
     read_dcp,
     releases_to_load,
+    state_leaves,
     value_differences,
 )
 from conformance._held import holds_a_part
@@ -50,11 +55,13 @@ from conformance._trajectory import Training
 from conformance._upstream import dsd, fsdp, full_options, quiet_deprecations
 from conformance.models.common import GroundTruth, computed_on, train
 from conformance.models.zoo import MODELS
+from harness.machine import this_machine
 from harness.manifest import release_of
 
 RELEASES = releases_to_load()
 DCP_READERS = ("single", "ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
 FSDP1_KINDS = ("full", "sharded", "local")
+SINGLE_MODELS = ("mlp", "moe")
 
 
 def _reads_at(size: int, **params: Any) -> bool:
@@ -304,22 +311,59 @@ def test_golden_fsdp1_state_dicts_load_as_recorded(world, release, kind):
 
 
 @pytest.mark.world(1)
-@pytest.mark.parametrize("model_id", ["mlp", "moe"])
+@pytest.mark.parametrize("model_id", SINGLE_MODELS)
 @pytest.mark.parametrize("release", RELEASES)
 def test_golden_single_process_state_loads_as_recorded(world, release, model_id):
     """One process's ``torch.save`` state of ``release``'s set, loaded with ``weights_only``:
-    its values, and (loaded by the release that wrote it, on the kind of device it trained
-    on: kernels of another round differently) each step after it as recorded."""
+    its values, bit for bit."""
     golden = golden_set(release)
-    checkpoint = golden.single(model_id)
     training = _single_state(golden, model_id, world.device)
-    found = _values_differ(golden, checkpoint, training)
+    found = _values_differ(golden, golden.single(model_id), training)
     assert not found, "\n".join(found)
-    if str(release_of(torch.__version__)) != release or world.device.type != golden.device:
-        return
-    model, optimizer, scheduler = training
+
+
+@pytest.mark.world(1)
+@pytest.mark.parametrize("model_id", SINGLE_MODELS)
+@pytest.mark.parametrize("release", RELEASES)
+def test_golden_single_process_steps_continue_as_recorded(world, release, model_id):
+    """Each step after one process's ``torch.save`` state of ``release``'s set, taken by the
+    release that wrote it on the kind of device it trained on, equals the recorded trajectory:
+    bit for bit where this build and machine signature are the writer's, else within the
+    tolerance of ``conformance._computed`` (kernels of another CPU round differently)."""
+    golden = golden_set(release)
+    if str(release_of(torch.__version__)) != release:
+        pytest.skip(f"steps of torch {golden.torch_version} are held in that release alone")
+    if world.device.type != golden.device:
+        pytest.skip(f"the set trained on {golden.device}; {world.device.type} rounds otherwise")
+    checkpoint = golden.single(model_id)
+    model, optimizer, scheduler = _single_state(golden, model_id, world.device)
+    bitwise = _same_build_and_machine(golden, world.device_type)
+    recorded = golden.trajectory(model_id)
     for step in range(golden.steps, golden.steps + MORE_STEPS):
         train(model, optimizer, 1, scheduler, start=step, inputs=MODELS[model_id].inputs)
-        leaves = full_state_leaves(model, optimizer, scheduler, flatten=False)
-        differ = value_differences(leaves, golden.trajectory[model_id][step], whole=True)
-        assert not differ, f"{_where(golden, checkpoint)}, after step {step + 1}: {differ}"
+        state = state_leaves(full_state(model, optimizer, scheduler, flatten=False))
+        steps = 0 if bitwise else step + 1 - golden.steps
+        differ = computed_differences(state, recorded[step], steps=steps)
+        assert not differ, (
+            f"{_where(golden, checkpoint)}, after step {step + 1} "
+            f"({'bit for bit' if bitwise else 'within a tolerance'}: {_machines(golden)}): "
+            f"{differ}"
+        )
+
+
+def _same_build_and_machine(golden: GoldenSet, device_type: str) -> bool:
+    """Whether this process is the build and the machine that computed ``golden``'s
+    trajectory, so that its steps must give the same bits."""
+    same_build = (torch.__version__, torch.version.git_version) == (
+        golden.torch_version,
+        golden.torch_git,
+    )
+    return same_build and this_machine(device_type) == golden.machine
+
+
+def _machines(golden: GoldenSet) -> str:
+    here = this_machine(golden.device)
+    differences = golden.machine.differences(here)
+    if not differences:
+        return f"written on this machine's signature, {here.describe()}"
+    return f"written on {golden.machine.describe()}; here {'; '.join(differences)}"

@@ -1,13 +1,18 @@
 """Golden sets: the committed ones agree with their records and cover the recorded releases;
-a set the build writes itself loads back into it through the gate's checks; a tampered tensor
-is named by the record and by the load; a missing release or set is named."""
+a set the build writes itself loads back into it through the gate's checks, on this CPU and
+on another (``ATEN_CPU_CAPABILITY=default`` stands in for one); a tampered tensor is named by
+the record and by the load, one ulp off in a loaded value on any machine, in a computed step
+on the writer's; a missing release or set is named."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,10 +20,13 @@ import torch
 
 from ci.gate.golden import INDEX, index_text
 from ci.gate.target import SUITE_ROOT
+from conformance._computed import tolerance
 from conformance._divergences import UPSTREAM_MANIFEST
 from conformance._golden import (
     GOLDEN_DIR,
+    RECORD,
     SETS_VARIABLE,
+    TRAJECTORY,
     GoldenError,
     golden_set,
     leaf_records,
@@ -26,6 +34,7 @@ from conformance._golden import (
     value_differences,
 )
 from conformance._upstream import fully_shard_missing
+from harness.machine import rank_threads, this_machine
 from harness.manifest import load, release_of
 from tests._inner import Case, read_junit
 
@@ -130,16 +139,23 @@ def test_the_writer_records_every_checkpoint_file_and_value(written):
     assert written_paths == expected | {"single/mlp", "single/moe"}
     weight = golden.single("mlp").values["model.fc1.weight"]
     assert (weight["dtype"], weight["shape"]) == ("torch.float32", [10, 7])
-    assert len(golden.trajectory["mlp"]) == golden.steps + 2
+    trajectory = golden.trajectory("mlp")
+    assert len(trajectory) == golden.steps + 2
+    assert leaf_records(trajectory[golden.steps - 1]) == golden.single("mlp").values
+    # Written by a rank of the harness: its threads, this machine.
+    assert golden.machine == this_machine(threads=rank_threads())
     assert (written / INDEX).read_text() == index_text(written)
 
 
-def _gate_loads(root: Path, workdir: Path, *args: str) -> tuple[int, str, dict[str, Case]]:
-    """The gate's golden checks at one rank on the sets under ``root``."""
+def _gate_loads(
+    root: Path, workdir: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, dict[str, Case]]:
+    """The gate's golden checks at one rank on the sets under ``root`` (``env`` added to the
+    session's environment)."""
     junit = workdir / "junit.xml"
     command = [sys.executable, "-m", "pytest", READER, "-p", "harness.plugin", "-q"]
     command += ["-p", "no:cacheprovider", "--world-sizes", "1", f"--junitxml={junit}", *args]
-    env = dict(os.environ, **{SETS_VARIABLE: str(root)})
+    env = dict(os.environ, **{SETS_VARIABLE: str(root)}, **(env or {}))
     env.pop("PYTEST_ADDOPTS", None)
     completed = subprocess.run(
         command, cwd=SUITE_ROOT, env=env, capture_output=True, text=True, timeout=600
@@ -162,8 +178,12 @@ def test_the_gate_loads_a_set_its_own_build_wrote(written, tmp_path):
         if reader not in _ONE_RANK_FAMILIES
     }
     expected |= {
-        f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-{model}]": "passed"
+        f"{test}[w1-{THIS_RELEASE}-{model}]": "passed"
         for model in ("mlp", "moe")
+        for test in (
+            "test_golden_single_process_state_loads_as_recorded",
+            "test_golden_single_process_steps_continue_as_recorded",
+        )
     }
     # FSDP1 writes at 2 and 4 ranks only: a set written at one rank has no FULL state dict.
     expected[f"test_golden_fsdp1_state_dicts_load_as_recorded[w1-{THIS_RELEASE}-full]"] = "skipped"
@@ -211,6 +231,95 @@ def test_a_tampered_tensor_is_named_by_the_record_and_by_the_load(written, tmp_p
     assert "model.fc1.weight: loaded torch.float32 [10, 7] starting" in ddp.message
     untouched = cases[f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-moe]"]
     assert untouched.outcome == "passed"
+
+
+ANOTHER_CPU = {"ATEN_CPU_CAPABILITY": "default"}  # other kernels, as another runner's CPU
+SINGLE_TESTS = "single_process and mlp"
+needs_other_kernels = pytest.mark.skipif(
+    this_machine().capability == "DEFAULT",
+    reason="this CPU runs ATen's default kernels already: nothing stands in for another CPU",
+)
+
+
+def _copy_with(written: Path, tmp_path: Path, change: Callable[[Path], None]) -> Path:
+    """A copy of the sets under ``written`` whose set of this release ``change`` altered."""
+    copied = tmp_path / "sets"
+    shutil.copytree(written, copied)
+    change(copied / THIS_RELEASE)
+    return copied
+
+
+def _one_ulp_up(tensor: torch.Tensor) -> None:
+    tensor.view(-1)[0] = torch.nextafter(tensor.view(-1)[0], torch.tensor(float("inf")))
+
+
+def _change_trajectory(set_dir: Path, change: Callable[[torch.Tensor], None]) -> None:
+    """``change`` one computed weight of the mlp's first step after the checkpoint, the
+    record's hash of the file made to match (a set written so, not a file rotted)."""
+    path = set_dir / "single/mlp" / TRAJECTORY
+    trajectory = torch.load(path, weights_only=True)
+    change(trajectory[golden_set(THIS_RELEASE, set_dir.parent).steps]["model.fc1.weight"])
+    torch.save(trajectory, path)
+    record = json.loads((set_dir / RECORD).read_text())
+    for checkpoint in record["checkpoints"]:
+        if checkpoint["path"] == "single/mlp":
+            checkpoint["files"][TRAJECTORY] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (set_dir / RECORD).write_text(json.dumps(record))
+
+
+def _outcomes(cases: dict[str, Case], model: str = "mlp") -> dict[str, str]:
+    return {
+        name.split("[")[0]: case.outcome for name, case in cases.items() if f"-{model}]" in name
+    }
+
+
+@needs_other_kernels
+def test_steps_on_another_cpu_are_held_within_the_tolerance(written, tmp_path):
+    """Under other kernels one ulp of a computed step is no difference, and values loaded
+    stay bit for bit; on the writer's machine the same ulp fails."""
+    one_ulp = _copy_with(written, tmp_path, lambda d: _change_trajectory(d, _one_ulp_up))
+    status, output, cases = _gate_loads(one_ulp, tmp_path, "-k", SINGLE_TESTS, env=ANOTHER_CPU)
+    assert status == 0, output[-4000:]
+    status, output, cases = _gate_loads(one_ulp, tmp_path, "-k", SINGLE_TESTS)
+    assert status == 1, output[-4000:]
+    assert _outcomes(cases)["test_golden_single_process_steps_continue_as_recorded"] == "failed"
+    message = cases[f"test_golden_single_process_steps_continue_as_recorded[w1-{THIS_RELEASE}-mlp]"]
+    assert "after step 3 (bit for bit: written on this machine's signature" in message.message
+
+
+@needs_other_kernels
+def test_a_step_beyond_the_tolerance_fails_on_another_cpu(written, tmp_path):
+    steps = 1
+
+    def beyond(weight: torch.Tensor) -> None:
+        weight.view(-1)[0] += 2 * tolerance(weight.dtype, steps) * weight.abs().max()
+
+    moved = _copy_with(written, tmp_path, lambda d: _change_trajectory(d, beyond))
+    status, output, cases = _gate_loads(moved, tmp_path, "-k", SINGLE_TESTS, env=ANOTHER_CPU)
+    assert status == 1, output[-4000:]
+    assert _outcomes(cases) == {
+        "test_golden_single_process_state_loads_as_recorded": "passed",
+        "test_golden_single_process_steps_continue_as_recorded": "failed",
+    }
+    message = cases[f"test_golden_single_process_steps_continue_as_recorded[w1-{THIS_RELEASE}-mlp]"]
+    assert "after step 3 (within a tolerance: written on " in message.message
+    assert f"capability: {this_machine().capability!r} vs 'DEFAULT'" in message.message
+    assert "model.fc1.weight: computed torch.float32 [10, 7]" in message.message
+
+
+def test_a_loaded_value_one_ulp_off_fails_on_another_cpu(written, tmp_path):
+    def spoil(set_dir: Path) -> None:
+        path = set_dir / "single/mlp/model.pt"
+        state = torch.load(path, weights_only=True)
+        _one_ulp_up(state["fc2.bias"])
+        torch.save(state, path)
+
+    spoiled = _copy_with(written, tmp_path, spoil)
+    status, output, cases = _gate_loads(spoiled, tmp_path, "-k", SINGLE_TESTS, env=ANOTHER_CPU)
+    assert status == 1, output[-4000:]
+    loaded = cases[f"test_golden_single_process_state_loads_as_recorded[w1-{THIS_RELEASE}-mlp]"]
+    assert loaded.outcome == "failed"
+    assert "model.fc2.bias: loaded torch.float32 [5]" in loaded.message
 
 
 def test_the_gate_refuses_a_directory_without_sets(tmp_path):

@@ -38,9 +38,11 @@ suite's commit; the gate loads every set (`conformance/test_golden_checkpoints.p
 table is generated: `python -m ci.gate.golden --out conformance/golden --index`.
 "Skipped": checkpoints a known divergence of the release keeps it from writing (the reason in
 `record.json`); "failed": checkpoints whose writer failed there (the error in `record.json`).
+"Suite": the suite's commit; "computed on": the CPU and ATen capability of the machine
+signature in the record.
 
-| release | torch | torch git | suite commit | written | checkpoints | skipped | failed |
-| --- | --- | --- | --- | --- | --- | --- | --- |
+| release | torch | torch git | suite | written | computed on | checkpoints | skipped | failed |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
 
@@ -104,7 +106,8 @@ def index_text(root: Path) -> str:
         rows.append(
             f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
             f"`{found.suite_commit[:12]}{dirty}` | "
-            f"{found.written} | {len(found.checkpoints)} | {len(found.skipped)} | "
+            f"{found.written} | {found.machine.cpu} ({found.machine.capability}) | "
+            f"{len(found.checkpoints)} | {len(found.skipped)} | "
             f"{len(found.failed)} |"
         )
     return INDEX_HEADING + "".join(f"{row}\n" for row in rows)
