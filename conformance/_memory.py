@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import pytest
 
-from harness.memory import HOST_RESOLUTION_BYTES, Peak, host_probe_missing, measure_peak, mib
+from harness.memory import Peak, host_probe_missing, host_resolution_bytes, measure_peak, mib
 from reference_impl.peak_memory import PeakBound
 
 # Measured on 2.13.0 and 2.8.0 at 2 and 4 gloo ranks: operations that allocate nothing of a
@@ -27,8 +27,6 @@ from reference_impl.peak_memory import PeakBound
 # 1 MiB; a gather of 160 tensors adds its Python objects and gloo's buffers.
 SLACK_BYTES: Final = 4 * 2**20
 SLACK_PAGE_BYTES: Final = 4096  # the page size the slack was measured with
-# What a measured peak may exceed its bound by: the slack, and what the probe may misread.
-ALLOWANCE_BYTES: Final = SLACK_BYTES + HOST_RESOLUTION_BYTES
 # A file each rank appends one JSON line per measured call to (``python -m ci.peak_margins``).
 PEAK_LOG: Final = "CONFORMANCE_PEAK_LOG"
 # Backends that move an accelerator's tensors through host memory: gloo copies each CUDA
@@ -49,7 +47,7 @@ class Measured:
     def excess(self, separate_device: bool, judge_host: bool = True) -> str | None:
         """What went over the bound, in words, or None; the host figure only where
         ``judge_host``."""
-        limit = self.bound.limit(ALLOWANCE_BYTES, separate_device=separate_device)
+        limit = self.bound.limit(allowance_bytes(), separate_device=separate_device)
         over = (
             [f"host {mib(self.peak.host)} > {mib(limit.host)}"]
             if judge_host and self.peak.host > limit.host
@@ -64,9 +62,15 @@ class Measured:
         return (
             f"rank {rank}: {bound.operation} peaked over its bound ({excess}); bound = result "
             f"{mib(bound.result.total)} + transient {mib(bound.transient.total)} + slack "
-            f"{mib(SLACK_BYTES)} + probe resolution {mib(HOST_RESOLUTION_BYTES)}; largest "
+            f"{mib(SLACK_BYTES)} + probe resolution {mib(host_resolution_bytes())}; largest "
             f"tensor {mib(bound.largest_tensor)}, whole state dict {mib(bound.whole_state_dict)}"
         )
+
+
+def allowance_bytes() -> int:
+    """What a peak measured in this process may exceed its bound by: the slack, and what the
+    probe may misread here."""
+    return SLACK_BYTES + host_resolution_bytes()
 
 
 def skip_without_a_probe() -> None:
@@ -111,7 +115,7 @@ def _log(world: Any, where: str, measured: list[Measured], separate_device: bool
         return
     lines = []
     for item in measured:
-        limit = item.bound.limit(ALLOWANCE_BYTES, separate_device=separate_device)
+        limit = item.bound.limit(allowance_bytes(), separate_device=separate_device)
         record = {"where": where, "size": world.size, "rank": world.rank}
         record |= {"operation": item.bound.operation, "peak": item.peak.host}
         record |= {"limit": limit.host, "device_peak": item.peak.device}

@@ -19,9 +19,10 @@ processes that measure start with :data:`ALLOCATOR_ENV` (the harness's rank proc
 
 The kernel counts resident pages in per-CPU batches and takes the high-water mark from the
 folded count, so a reading can miss up to a batch of pages on each CPU the process ran on.
-The probe holds every thread of the process on the CPU it measures from while the block runs:
-the counts pending on other CPUs then stand still and cancel out, and the host figure is good
-to :data:`HOST_RESOLUTION_BYTES` (a batch grows with the CPUs online, slowly), on a runner of
+The probe holds every thread of the process on as many CPUs as it has intra-op threads (one
+in a rank), the CPU it measures from first, while the block runs: the counts pending on other
+CPUs then stand still and cancel out, and the host figure is good to
+:func:`host_resolution_bytes` (a batch grows with the CPUs online, slowly), on a runner of
 many cores as on two; it reads low rather than high. Its premises are glibc's malloc (the
 mmap threshold below) and Linux's counters: :func:`host_probe_missing` names a machine that
 breaks one, and callers skip.
@@ -67,12 +68,32 @@ def _rss_batch_pages() -> int:
     return max(32, 2 * (os.cpu_count() or 1))
 
 
-# The host figure's resolution on this machine: up to a batch of pages pending on the CPU the
-# block runs on in each of the three counts the resident set sums (anonymous, file and shared
-# pages), at the baseline and at the peak: 768 KiB with 4 KiB pages and up to 16 CPUs online.
-# Measured on 2 CPUs (kernel 6.18): blocks of 2 MiB in tensors mapped on their own read up to
-# 268 KiB low held on one CPU, and up to 412 KiB low left to migrate.
-HOST_RESOLUTION_BYTES: Final = 2 * 3 * _rss_batch_pages() * os.sysconf("SC_PAGE_SIZE")
+def host_resolution_bytes(threads: int | None = None) -> int:
+    """The host figure's resolution for a process of ``threads`` intra-op threads (default:
+    this process's, which imports torch): up to a batch of pages pending on each CPU the probe
+    holds its threads on, in each of the three counts the resident set sums (anonymous, file
+    and shared pages), at the baseline and at the peak. A rank of one thread: 768 KiB with 4
+    KiB pages and up to 16 CPUs online. Measured on 2 CPUs (kernel 6.18): blocks of 2 MiB in
+    tensors mapped on their own read up to 268 KiB low held on one CPU, and up to 412 KiB low
+    left to migrate."""
+    return 2 * 3 * _rss_batch_pages() * _cpus_to_hold(threads) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpus_to_hold(threads: int | None) -> int:
+    """One CPU per intra-op thread, as many as the process may run on: fewer would leave
+    threads that spin while they wait (OpenMP's do) taking turns on one CPU."""
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return max(1, min(threads, len(_allowed_cpus())))
+
+
+def _allowed_cpus() -> set[int]:
+    affinity = getattr(os, "sched_getaffinity", None)
+    return set(affinity(0)) if affinity is not None else set(range(os.cpu_count() or 1))
+
+
 _TASKS: Final = Path("/proc/self/task")
 _THREAD_STAT: Final = Path("/proc/thread-self/stat")
 _PROCESSOR_FIELD: Final = 36  # "processor" (field 39 of stat) after the name's ")"
@@ -129,7 +150,7 @@ def measure_peak(device_type: str = CPU) -> Iterator[Peak]:
     peak = Peak(device_type)
     synchronize(device_type)
     device_baseline = _reset_device(device_type)
-    with _threads_on_one_cpu():
+    with _threads_held(_cpus_to_hold(None)):
         host_baseline = _reset_host()
         yield peak
         synchronize(device_type)
@@ -141,16 +162,17 @@ def measure_peak(device_type: str = CPU) -> Iterator[Peak]:
 
 
 @contextmanager
-def _threads_on_one_cpu() -> Iterator[None]:
-    """Hold every thread of this process (and any it starts) on the CPU this one runs on;
-    afterwards each thread gets its own CPUs back, a thread started meanwhile the process's."""
-    setaffinity = getattr(os, "sched_setaffinity", None)
-    if setaffinity is None or not _THREAD_STAT.exists():
+def _threads_held(count: int) -> Iterator[None]:
+    """Hold every thread of this process (and any it starts) on ``count`` CPUs, the one this
+    thread runs on first; afterwards each thread gets its own CPUs back, a thread started
+    meanwhile the process's."""
+    if not hasattr(os, "sched_setaffinity") or not _THREAD_STAT.exists():
         yield
         return
-    cpu = int(_THREAD_STAT.read_text().rsplit(")", 1)[1].split()[_PROCESSOR_FIELD])
+    here = int(_THREAD_STAT.read_text().rsplit(")", 1)[1].split()[_PROCESSOR_FIELD])
     whole = os.sched_getaffinity(0)
-    saved = {tid: _set_affinity(tid, {cpu}) for tid in _threads()}
+    held = {here, *sorted(whole - {here})[: count - 1]}
+    saved = {tid: _set_affinity(tid, held) for tid in _threads()}
     try:
         yield
     finally:

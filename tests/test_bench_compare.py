@@ -13,7 +13,7 @@ import pytest
 
 from ci.bench import compare as bench_compare
 from ci.bench.cases import BenchCase, cases
-from ci.bench.memory_stats import compare_peaks
+from ci.bench.memory_stats import compare_peaks, ranks_resolution
 from ci.bench.replay_clock import ReplayClock
 from ci.bench.stats import (
     CONFIDENCE,
@@ -27,7 +27,6 @@ from ci.bench.stats import (
     t_quantile,
 )
 from ci.gate.target import SUITE_ROOT
-from harness.memory import HOST_RESOLUTION_BYTES
 
 
 def _runs(median: float, seed: int, runs: int = 4, rounds: int = 10) -> Runs:
@@ -203,7 +202,7 @@ MIB = 2**20
         ((100 * MIB, 100 * MIB), (90 * MIB, 91 * MIB), IMPROVEMENT),
         ((MIB, MIB), (3 * MIB, 3 * MIB), REGRESSION),  # small, but far above the resolution
         # 5% more of 1 MiB, but within what the probe can miss
-        ((MIB, MIB), (MIB + HOST_RESOLUTION_BYTES, MIB + HOST_RESOLUTION_BYTES), UNCHANGED),
+        ((MIB, MIB), (MIB + ranks_resolution(), MIB + ranks_resolution()), UNCHANGED),
     ],
 )
 def test_peak_verdicts_need_the_threshold_and_separate_runs(
@@ -237,7 +236,7 @@ def test_an_injected_memory_regression_is_flagged(tmp_path: Path) -> None:
     assert returncode == 1, output
     raw = json.loads((out / "raw" / "baseline-0.json").read_text())
     (benchmark,) = raw["benchmarks"]
-    assert benchmark["extra_info"]["peak_host_bytes"] >= 2 * MIB - HOST_RESOLUTION_BYTES
+    assert benchmark["extra_info"]["peak_host_bytes"] >= 2 * MIB - ranks_resolution()
     report = (out / "report.md").read_text()
     assert "0 time and 1 memory regression(s)" in report
     assert "| gather-2MiB host |" in report

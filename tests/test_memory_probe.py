@@ -1,5 +1,5 @@
 """The peak-memory probe sees what a block held at most, over the baseline at its entry,
-to within its stated resolution (it may read low by up to ``HOST_RESOLUTION_BYTES``)."""
+to within its stated resolution (it may read low by up to ``host_resolution_bytes()``)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import torch
 from harness import devices
 from harness.memory import (
     ALLOCATOR_ENV,
-    HOST_RESOLUTION_BYTES,
     Peak,
     host_probe_missing,
+    host_resolution_bytes,
     measure_peak,
 )
 
 MIB = 2**20
-RESOLUTION = HOST_RESOLUTION_BYTES
+RESOLUTION = host_resolution_bytes()
 pytestmark = pytest.mark.skipif(host_probe_missing() is not None, reason=str(host_probe_missing()))
 
 
@@ -40,7 +40,7 @@ def _filled(size: int, device: str = "cpu") -> torch.Tensor:
 def test_a_block_that_holds_nothing_peaks_below_the_resolution() -> None:
     with measure_peak() as peak:
         pass
-    assert peak.host < HOST_RESOLUTION_BYTES
+    assert peak.host < RESOLUTION
     assert peak.device is None
 
 

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from ci.bench.memory_stats import PeakComparison
+from ci.bench.memory_stats import PeakComparison, ranks_resolution
 from ci.bench.stats import CONFIDENCE, POWER, REGRESSION, UNCHANGED, Comparison
-from harness.memory import HOST_RESOLUTION_BYTES
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def _method(builds: Builds) -> str:
         f"(host, and device on accelerators); ratio = the medians' ratio; spread = the larger "
         f"side's range over its median; a regression when the ratio is at least "
         f"{builds.memory_threshold} and every candidate run is above every baseline run by more "
-        f"than the probe's resolution ({HOST_RESOLUTION_BYTES // 1024} KiB on this machine)."
+        f"than the probe's resolution ({ranks_resolution() // 1024} KiB on this machine)."
     )
 
 
