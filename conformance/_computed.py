@@ -54,16 +54,22 @@ def computed_differences(
 
 def _difference(computed: Any, recorded: Any, steps: int) -> str | None:
     both = f"computed {_shown(computed)}, recorded {_shown(recorded)}"
-    if not isinstance(computed, torch.Tensor) or not isinstance(recorded, torch.Tensor):
+    tensors = isinstance(computed, torch.Tensor), isinstance(recorded, torch.Tensor)
+    if tensors == (False, False):
         return None if computed == recorded else both
+    if tensors != (True, True):
+        return both
     if (computed.dtype, computed.shape) != (recorded.dtype, recorded.shape):
         return both
     if steps == 0 or not recorded.is_floating_point():
         return None if _same_bytes(computed, recorded) else both
     actual, expected = computed.detach().cpu().double(), recorded.detach().cpu().double()
     finite = expected.isfinite()
-    if not torch.equal(actual[~finite].nan_to_num(), expected[~finite].nan_to_num()):
-        return both  # an infinity or NaN the record has elsewhere, or not at all
+    same_gaps = torch.equal(actual.isnan(), expected.isnan()) and torch.equal(
+        actual[expected.isinf()], expected[expected.isinf()]
+    )
+    if not same_gaps:
+        return both  # a NaN or an infinity where the record has none, or not where it has
     largest = float(expected[finite].abs().max()) if finite.any() else 0.0
     allowed = tolerance(recorded.dtype, steps) * largest
     apart = float((actual[finite] - expected[finite]).abs().max()) if finite.any() else 0.0

@@ -86,7 +86,9 @@ class GoldenSet:
     suite_commit: str
     written: str  # the date it was written
     device: str  # the device type its worlds trained on: its trajectory holds there alone
-    machine: MachineSignature  # where its single process computed its trajectory
+    # Where its single process computed its trajectory; None in a set without one (written
+    # before sets kept trajectories, or whose single-process writer did not run).
+    machine: MachineSignature | None
     recipe: str
     steps: int  # the steps trained before every checkpoint
     checkpoints: tuple[GoldenCheckpoint, ...]
@@ -179,7 +181,7 @@ def golden_set(release: str, root: Path | None = None) -> GoldenSet:
             suite_commit=data["suite_commit"],
             written=data["written"],
             device=data["device"],
-            machine=MachineSignature.from_json(data["machine"]),
+            machine=MachineSignature.from_json(data["machine"]) if data.get("machine") else None,
             recipe=data["recipe"],
             steps=data["steps"],
             checkpoints=tuple(GoldenCheckpoint.from_json(e) for e in data["checkpoints"]),
@@ -210,7 +212,7 @@ def assemble_record(target: Path, **about: Any) -> dict[str, Any]:
     checkpoint's values are read back from its files: a writer whose full state dict of a
     cell is wrong (a gather bug of its release) still records what it saved."""
     checkpoints = []
-    machine = {}
+    machine = None
     for entry_file in sorted((target / ENTRIES).glob("*.json")):
         entry = json.loads(entry_file.read_text())
         machine = entry.pop("machine", machine)

@@ -1,7 +1,7 @@
 """Peak-memory checks: one operation measured on a rank and held to the oracle's bound.
 
 The probe is ``harness.memory``; the bounds are ``reference_impl.peak_memory``'s. Every bound
-gets an allowance (``ALLOWANCE_BYTES``): a slack measured on this suite's worlds (an operation
+gets an allowance (``limit_of``): a slack measured on this suite's worlds (an operation
 that holds no tensor of the state's size: allocator rounding, a collective's buffers, Python
 objects per tensor), small against the state dicts the checks use
 (``conformance.models.sized``), and the probe's resolution on this machine, which grows with
@@ -20,7 +20,7 @@ from typing import Any, Final
 import pytest
 
 from harness.memory import Peak, host_probe_missing, host_resolution_bytes, measure_peak, mib
-from reference_impl.peak_memory import PeakBound
+from reference_impl.peak_memory import Footprint, PeakBound
 
 # Measured on 2.13.0 and 2.8.0 at 2 and 4 gloo ranks: operations that allocate nothing of a
 # tensor's size (_copy_state_dict, an offload to where the tensors already are) peak below
@@ -47,7 +47,7 @@ class Measured:
     def excess(self, separate_device: bool, judge_host: bool = True) -> str | None:
         """What went over the bound, in words, or None; the host figure only where
         ``judge_host``."""
-        limit = self.bound.limit(allowance_bytes(), separate_device=separate_device)
+        limit = limit_of(self.bound, separate_device)
         over = (
             [f"host {mib(self.peak.host)} > {mib(limit.host)}"]
             if judge_host and self.peak.host > limit.host
@@ -67,10 +67,12 @@ class Measured:
         )
 
 
-def allowance_bytes() -> int:
-    """What a peak measured in this process may exceed its bound by: the slack, and what the
-    probe may misread here."""
-    return SLACK_BYTES + host_resolution_bytes()
+def limit_of(bound: PeakBound, separate_device: bool) -> Footprint:
+    """What a peak measured in this process may reach: the bound with the slack on each kind
+    of memory, and on the host what the probe may misread here (the device's figures are
+    the allocator's own, exact)."""
+    limit = bound.limit(SLACK_BYTES, separate_device=separate_device)
+    return Footprint(limit.host + host_resolution_bytes(), limit.device)
 
 
 def skip_without_a_probe() -> None:
@@ -115,7 +117,7 @@ def _log(world: Any, where: str, measured: list[Measured], separate_device: bool
         return
     lines = []
     for item in measured:
-        limit = item.bound.limit(allowance_bytes(), separate_device=separate_device)
+        limit = limit_of(item.bound, separate_device)
         record = {"where": where, "size": world.size, "rank": world.rank}
         record |= {"operation": item.bound.operation, "peak": item.peak.host}
         record |= {"limit": limit.host, "device_peak": item.peak.device}

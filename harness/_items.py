@@ -3,6 +3,8 @@ what a failed one carries into reports. Shared by both launch modes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from harness._options import WorldOptions
@@ -26,24 +28,35 @@ def item_size(item: pytest.Item) -> int | None:
     return size
 
 
-def deadline(item: pytest.Item, options: WorldOptions) -> float:
+@dataclass(frozen=True)
+class Deadline:
+    """How long a world test's ranks get: ``seconds``; where those are fitted to a duration
+    recorded on another machine (``fitted``), what the test gets without them."""
+
+    seconds: float
+    unfitted_s: float
+
+    @property
+    def fitted(self) -> bool:
+        """Shorter than the test's own limit for a recorded duration's sake: a cut there
+        says nothing of a hang on this machine."""
+        return self.seconds < self.unfitted_s
+
+
+def deadline(item: pytest.Item, options: WorldOptions) -> Deadline:
     """The marker's ``timeout``, else a deadline fitted to the test's recorded duration, else
     ``--world-timeout``; at most the ``world_alone`` marker's timeout."""
     marker = item.get_closest_marker(MARKER)
     timeout = marker.kwargs.get("timeout") if marker else None
-    fitted = float(timeout) if timeout is not None else options.deadline_s(item.nodeid)
     alone = item.get_closest_marker(ALONE_MARKER)
     cap = alone.kwargs.get("timeout") if alone else None
-    return fitted if cap is None else min(fitted, float(cap))
 
+    def capped(seconds: float) -> float:
+        return seconds if cap is None else min(seconds, float(cap))
 
-def deadline_is_fitted(item: pytest.Item, options: WorldOptions) -> bool:
-    """Whether ``deadline`` is one fitted to the test's recorded duration, shorter than
-    ``--world-timeout``: recorded on another machine, it says nothing of a hang on this one."""
-    marker = item.get_closest_marker(MARKER)
-    explicit = marker is not None and marker.kwargs.get("timeout") is not None
-    fitted = options.deadline_s(item.nodeid)
-    return not explicit and fitted < options.timeout_s and deadline(item, options) == fitted
+    if timeout is not None:
+        return Deadline(capped(float(timeout)), capped(float(timeout)))
+    return Deadline(capped(options.deadline_s(item.nodeid)), capped(options.timeout_s))
 
 
 def failure_is_expected(item: pytest.Item) -> bool:

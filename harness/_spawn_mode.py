@@ -19,8 +19,8 @@ from harness import outcomes
 from harness._forkserver import ForkServers
 from harness._items import (
     ALONE_MARKER,
+    Deadline,
     deadline,
-    deadline_is_fitted,
     failure_is_expected,
     failure_properties,
     item_size,
@@ -87,35 +87,37 @@ class SpawnMode:
             if self.options.require_devices:
                 pytest.fail(f"{reason} (--world-require-devices)", pytrace=False)
             pytest.skip(reason)
-        request = _request(item, ticket, deadline(item, self.options))
+        limit = deadline(item, self.options)
+        request = _request(item, ticket, limit.seconds)
         alone = item.get_closest_marker(ALONE_MARKER) is not None
         try:
             outcome = self._pool_of(item).run(ticket.spec, request, alone=alone)
-            if outcome.cut_at_deadline and self._confirms(item, request):
-                outcome = self._run_again_unfitted(item, ticket, request, outcome)
+            if outcome.cut_at_deadline and limit.fitted and not request.failure_expected:
+                outcome = self._run_again_unfitted(item, ticket, request, limit, outcome)
         except WorldStartError as exc:
             pytest.fail(str(exc), pytrace=False)
         _report(item, outcome)
         return True
 
-    def _confirms(self, item: pytest.Item, request: TestRequest) -> bool:
-        """Whether a cut at ``request``'s deadline must be confirmed before it fails the test:
-        the deadline was fitted to a duration recorded on another machine (or under other
-        load), and the failure is not one pytest will report as expected."""
-        return deadline_is_fitted(item, self.options) and not request.failure_expected
-
     def _run_again_unfitted(
-        self, item: pytest.Function, ticket: WorldTicket, cut: TestRequest, first: WorldOutcome
+        self,
+        item: pytest.Function,
+        ticket: WorldTicket,
+        cut: TestRequest,
+        limit: Deadline,
+        first: WorldOutcome,
     ) -> WorldOutcome:
-        """Run the test again in a world of its own under ``--world-timeout``: its verdict is
-        the test's, so a slower machine than the one that recorded the durations costs time,
-        never a verdict. The first run's cut is noted."""
-        full = replace(cut, timeout_s=self.options.timeout_s)
-        outcome = self._pool_of(item).run(ticket.spec, full, alone=True)
-        lost = ", ".join(str(rank) for rank in first.ranks_lost)
+        """Run a test cut at a deadline fitted to a recorded duration (and whose failure
+        pytest would not report as expected) again, in a world of its own, under the deadline
+        it has without recorded durations: its verdict is the test's, so a machine slower than
+        the one that recorded them costs time, never a verdict. The first run's cut is noted."""
+        unfitted = replace(cut, timeout_s=limit.unfitted_s)
+        outcome = self._pool_of(item).run(ticket.spec, unfitted, alone=True)
+        lost = first.ranks_lost
         outcome.rerun_because = (
-            f"cut at its deadline of {cut.timeout_s:.0f} s, fitted to its recorded duration "
-            f"(ranks {lost} still running), then run again alone under {full.timeout_s:.0f} s"
+            f"cut at its deadline of {limit.seconds:.0f} s, fitted to its recorded duration "
+            f"({'rank' if len(lost) == 1 else 'ranks'} {', '.join(map(str, lost))} still "
+            f"running), then run again alone under {limit.unfitted_s:.0f} s"
         )
         return outcome
 

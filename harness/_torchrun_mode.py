@@ -49,11 +49,12 @@ class TorchrunMode:
         if item_size(item) is None:
             yield
             return
-        with HangWatchdog(deadline(item, self.options), lambda stacks: self._hung(item, stacks)):
+        limit = deadline(item, self.options).seconds
+        with HangWatchdog(limit, lambda stacks: self._hung(item, stacks)):
             yield
 
     def _hung(self, item: pytest.Item, stacks: str) -> None:
-        timeout = deadline(item, self.options)
+        timeout = deadline(item, self.options).seconds
         result = msg.RankResult(
             rank=self.world.rank,
             status=outcomes.HUNG,
@@ -85,7 +86,7 @@ class TorchrunMode:
             return report
         local = _local_result(self.world.rank, report, call)
         # Wait past the deadline, so that a hung rank's watchdog can publish its stacks.
-        wait_s = deadline(item, self.options) + HANG_REPORT_GRACE_S
+        wait_s = deadline(item, self.options).seconds + HANG_REPORT_GRACE_S
         outcome = self.world.agree(local, timeout_s=wait_s)
         lost = outcome.ranks_lost
         if lost:

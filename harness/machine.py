@@ -31,6 +31,14 @@ from harness.devices import CPU
 RANK_THREADS: Final = "1"
 _CPUINFO: Final = Path("/proc/cpuinfo")
 _BLAS_FIELDS: Final = ("BLAS_INFO", "LAPACK_INFO")
+# Variables that choose other kernels in a build's libraries (MKL's instruction set and
+# reproducibility mode, oneDNN's instruction set), as ATEN_CPU_CAPABILITY does in ATen's.
+KERNEL_SETTINGS: Final = (
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class MachineSignature:
     intra_op_threads: int  # torch's intra-op threads in the computing process
     libc: str  # the C library and its version
     accelerator: str | None = None  # the device computed on, where it is not the CPU
+    settings: str = ""  # the KERNEL_SETTINGS set in the environment, NAME=value each
 
     def describe(self) -> str:
         """One line for reports and messages."""
@@ -59,6 +68,8 @@ class MachineSignature:
         ]
         if self.accelerator:
             parts.insert(0, self.accelerator)
+        if self.settings:
+            parts.append(self.settings)
         return ", ".join(parts)
 
     def differences(self, other: MachineSignature) -> list[str]:
@@ -94,6 +105,9 @@ def this_machine(device_type: str = CPU, threads: int | None = None) -> MachineS
         intra_op_threads=torch.get_num_threads() if threads is None else threads,
         libc=" ".join(part for part in platform.libc_ver() if part) or "unknown",
         accelerator=None if device_type == CPU else _accelerator(device_type),
+        settings=", ".join(
+            f"{name}={os.environ[name]}" for name in KERNEL_SETTINGS if name in os.environ
+        ),
     )
 
 

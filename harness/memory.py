@@ -23,9 +23,9 @@ The probe holds every thread of the process on as many CPUs as it has intra-op t
 in a rank), the CPU it measures from first, while the block runs: the counts pending on other
 CPUs then stand still and cancel out, and the host figure is good to
 :func:`host_resolution_bytes` (a batch grows with the CPUs online, slowly), on a runner of
-many cores as on two; it reads low rather than high. Its premises are glibc's malloc (the
-mmap threshold below) and Linux's counters: :func:`host_probe_missing` names a machine that
-breaks one, and callers skip.
+many cores as on two (in the runs measured here, it read low, never high). Its premises are
+glibc's malloc (the mmap threshold below) and Linux's per-CPU counters (6.2 on):
+:func:`host_probe_missing` names a machine that breaks one, and callers skip.
 
 On an accelerator the probe also reads the build's peak-allocated statistic for the current
 device (``torch.accelerator`` where the build has its memory functions, else the device
@@ -41,6 +41,7 @@ import functools
 import gc
 import os
 import platform
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,20 +63,30 @@ ALLOCATOR_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 _OTHER_ALLOCATORS: Final = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "snmalloc")
 
 
+# Linux counts a process's resident pages per CPU from 6.2 on; before, per thread, in counts
+# that holding threads on CPUs does not bound.
+PER_CPU_COUNTS_SINCE: Final = (6, 2)
+
+
 def _rss_batch_pages() -> int:
     """Linux's batch of a per-CPU counter (``percpu_counter_batch``): pages a CPU may count
     before they reach the total the high-water mark reads, ``max(32, 2 x CPUs online)``."""
-    return max(32, 2 * (os.cpu_count() or 1))
+    return max(32, 2 * os.sysconf("SC_NPROCESSORS_ONLN"))
+
+
+def _kernel_release() -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", platform.release())
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
 def host_resolution_bytes(threads: int | None = None) -> int:
     """The host figure's resolution for a process of ``threads`` intra-op threads (default:
     this process's, which imports torch): up to a batch of pages pending on each CPU the probe
     holds its threads on, in each of the three counts the resident set sums (anonymous, file
-    and shared pages), at the baseline and at the peak. A rank of one thread: 768 KiB with 4
-    KiB pages and up to 16 CPUs online. Measured on 2 CPUs (kernel 6.18): blocks of 2 MiB in
-    tensors mapped on their own read up to 268 KiB low held on one CPU, and up to 412 KiB low
-    left to migrate."""
+    and shared pages), at the baseline and at the peak, either way. A rank of one thread: 768
+    KiB with 4 KiB pages and up to 16 CPUs online. Measured on 2 CPUs (kernel 6.18): blocks of
+    2 MiB in tensors mapped on their own read up to 268 KiB low held on one CPU, and up to 412
+    KiB low left to migrate; none read high."""
     return 2 * 3 * _rss_batch_pages() * _cpus_to_hold(threads) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -126,6 +137,11 @@ def host_probe_missing() -> str | None:
     where it can."""
     if not _STATUS.exists() or not _CLEAR_REFS.exists():
         return "peak host memory needs Linux's /proc/self/clear_refs and VmHWM"
+    if _kernel_release() < PER_CPU_COUNTS_SINCE:
+        return (
+            "peak host memory needs Linux 6.2 or later, which counts resident pages per CPU; "
+            f"this kernel is {platform.release()}"
+        )
     libc, _ = platform.libc_ver()
     if libc != "glibc":
         return (
@@ -163,21 +179,24 @@ def measure_peak(device_type: str = CPU) -> Iterator[Peak]:
 
 @contextmanager
 def _threads_held(count: int) -> Iterator[None]:
-    """Hold every thread of this process (and any it starts) on ``count`` CPUs, the one this
-    thread runs on first; afterwards each thread gets its own CPUs back, a thread started
-    meanwhile the process's."""
+    """Hold every thread of this process on ``count`` CPUs, the one this thread runs on
+    first (a thread started later inherits the CPUs of the thread that starts it); afterwards
+    each thread gets its own CPUs back, a thread started meanwhile this one's."""
     if not hasattr(os, "sched_setaffinity") or not _THREAD_STAT.exists():
         yield
         return
     here = int(_THREAD_STAT.read_text().rsplit(")", 1)[1].split()[_PROCESSOR_FIELD])
     whole = os.sched_getaffinity(0)
     held = {here, *sorted(whole - {here})[: count - 1]}
-    saved = {tid: _set_affinity(tid, held) for tid in _threads()}
+    before: dict[int, set[int] | None] = {}  # None: a thread that could not be moved
     try:
+        for tid in _threads():
+            before[tid] = _set_affinity(tid, held)
         yield
     finally:
         for tid in _threads():
-            _set_affinity(tid, saved.get(tid) or whole)
+            if before.get(tid, whole) is not None:
+                _set_affinity(tid, before.get(tid) or whole)
 
 
 def _threads() -> list[int]:
@@ -185,11 +204,12 @@ def _threads() -> list[int]:
 
 
 def _set_affinity(tid: int, cpus: set[int]) -> set[int] | None:
-    """Give thread ``tid`` ``cpus``; its CPUs before, or None where it has ended."""
+    """Give thread ``tid`` ``cpus``; its CPUs before, or None where it has ended or may not
+    be moved (another cgroup's CPUs, no permission): it is then left where it was."""
     try:
         before = os.sched_getaffinity(tid)
         os.sched_setaffinity(tid, cpus)
-    except (ProcessLookupError, PermissionError):
+    except OSError:
         return None
     return before
 

@@ -59,6 +59,10 @@ def test_nan_and_infinity_must_stand_where_the_record_has_them():
     assert computed_differences({"w": recorded.clone()}, {"w": recorded}, steps=1) == []
     moved_nan = torch.tensor([float("nan"), 1.0, float("inf")])
     assert computed_differences({"w": moved_nan}, {"w": recorded}, steps=1) != []
+    zero_for_nan = torch.tensor([1.0, 0.0, float("inf")])
+    assert computed_differences({"w": zero_for_nan}, {"w": recorded}, steps=1) != []
+    other_infinity = torch.tensor([1.0, float("nan"), float("-inf")])
+    assert computed_differences({"w": other_infinity}, {"w": recorded}, steps=1) != []
 
 
 def test_other_values_and_keys_are_held_exactly():
@@ -71,4 +75,8 @@ def test_other_values_and_keys_are_held_exactly():
     ]
     assert computed_differences({**recorded, "extra": 1}, recorded, steps=1) == [
         "extra: computed 1, not in the record"
+    ]
+    step = {"step": torch.tensor(3.0)}
+    assert computed_differences(step, {"step": 3.0}, steps=1) == [
+        "step: computed torch.float32 [] starting [3.0], recorded 3.0"
     ]

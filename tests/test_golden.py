@@ -322,6 +322,26 @@ def test_a_loaded_value_one_ulp_off_fails_on_another_cpu(written, tmp_path):
     assert "model.fc2.bias: loaded torch.float32 [5]" in loaded.message
 
 
+def test_a_set_that_keeps_no_trajectory_still_loads_and_its_steps_skip(written, tmp_path):
+    """A set written before sets kept trajectories (no machine in its record) is no broken
+    set: its values load as before, and only the check of its steps skips, naming why."""
+
+    def forget_the_machine(set_dir: Path) -> None:
+        record = json.loads((set_dir / RECORD).read_text())
+        del record["machine"]
+        (set_dir / RECORD).write_text(json.dumps(record))
+
+    older = _copy_with(written, tmp_path, forget_the_machine)
+    status, output, cases = _gate_loads(older, tmp_path, "-k", SINGLE_TESTS)
+    assert status == 0, output[-4000:]
+    assert _outcomes(cases) == {
+        "test_golden_single_process_state_loads_as_recorded": "passed",
+        "test_golden_single_process_steps_continue_as_recorded": "skipped",
+    }
+    steps = cases[f"test_golden_single_process_steps_continue_as_recorded[w1-{THIS_RELEASE}-mlp]"]
+    assert "keeps no trajectory: write it again with python -m ci.gate.golden" in steps.message
+
+
 def test_the_gate_refuses_a_directory_without_sets(tmp_path):
     status, output, _ = _gate_loads(tmp_path / "none", tmp_path)
     assert status != 0

@@ -167,3 +167,39 @@ def test_another_allocator_is_named_as_missing_a_premise(monkeypatch: pytest.Mon
     assert host_probe_missing() == (
         "peak host memory needs glibc's malloc and its mmap threshold; this C library is musl"
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to hold")
+def test_the_block_holds_every_thread_and_gives_its_cpus_back_even_after_raising() -> None:
+    """A process of one intra-op thread is held on one CPU while measuring, every thread of
+    it; afterwards each has its own CPUs again, also when the block raised."""
+    import threading
+
+    started, stop = threading.Event(), threading.Event()
+
+    def waits() -> None:
+        started.set()
+        stop.wait()
+
+    worker = threading.Thread(target=waits)
+    worker.start()
+    started.wait()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        before = {tid: os.sched_getaffinity(tid) for tid in map(int, os.listdir("/proc/self/task"))}
+        held: list[set[int]] = []
+
+        def measured_block_that_raises() -> None:
+            with measure_peak():
+                held.append(os.sched_getaffinity(worker.native_id))
+                raise RuntimeError("inside the block")
+
+        with pytest.raises(RuntimeError, match="inside the block"):
+            measured_block_that_raises()
+        assert [len(cpus) for cpus in held] == [1]
+        assert {tid: os.sched_getaffinity(tid) for tid in before} == before
+    finally:
+        torch.set_num_threads(threads)
+        stop.set()
+        worker.join()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness._items import deadline
 from harness._options import WorldOptions
 from tests._inner import InnerRun, run_inner
 
@@ -275,7 +276,7 @@ def test_a_hang_at_a_recorded_deadline_is_confirmed_under_the_full_one(
     result.assert_outcomes(failed=1, xfailed=1)
     result.stdout.fnmatch_lines(
         [
-            "*run twice: cut at its deadline of 2 s, fitted to its recorded duration (ranks 0 "
+            "*run twice: cut at its deadline of 2 s, fitted to its recorded duration (rank 0 "
             "still running), then run again alone under 4 s*",
             "*did not finish within the 4 s deadline*",
         ]
@@ -295,6 +296,37 @@ def test_a_test_slower_here_than_recorded_passes_on_its_second_run(
     )  # fmt: skip
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*RunAgainWarning: cut at its deadline of 1 s*"])
+
+
+class _Marked:
+    """A collected test as ``deadline`` reads it: its id and markers."""
+
+    def __init__(self, *marks: pytest.Mark) -> None:
+        self.nodeid = "t.py::t[w2]"
+        self.marks = {mark.name: mark for mark in marks}
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self.marks.get(name)
+
+
+@pytest.mark.parametrize(
+    ("marks", "seconds", "unfitted_s"),
+    [
+        ((pytest.mark.world(2).mark,), 30.0, 300.0),
+        ((pytest.mark.world(2, timeout=20).mark,), 20.0, 20.0),
+        ((pytest.mark.world(2).mark, pytest.mark.world_alone(timeout=60).mark), 30.0, 60.0),
+        ((pytest.mark.world(2).mark, pytest.mark.world_alone(timeout=10).mark), 10.0, 10.0),
+    ],
+)
+def test_a_deadline_is_fitted_only_below_what_the_test_has_without_durations(
+    marks: tuple[pytest.Mark, ...], seconds: float, unfitted_s: float
+) -> None:
+    """Recorded at 1 s: fitted to the 30 s floor, unless the marker sets its own timeout or a
+    world_alone cap is lower; a cut at a fitted deadline is confirmed under ``unfitted_s``."""
+    options = WorldOptions(recorded_s={"t.py::t": 1.0})
+    limit = deadline(_Marked(*marks), options)  # type: ignore[arg-type]
+    assert (limit.seconds, limit.unfitted_s) == (seconds, unfitted_s)
+    assert limit.fitted == (seconds < unfitted_s)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import torch
 
 from ci.gate.target import SUITE_ROOT, suite_commit
 from conformance import golden
+from harness.machine import MachineSignature
 from harness.manifest import release_of
 
 INDEX = "README.md"
@@ -106,11 +107,15 @@ def index_text(root: Path) -> str:
         rows.append(
             f"| {release} | {found.torch_version} | `{found.torch_git[:12]}` | "
             f"`{found.suite_commit[:12]}{dirty}` | "
-            f"{found.written} | {found.machine.cpu} ({found.machine.capability}) | "
+            f"{found.written} | {_computed_on(found.machine)} | "
             f"{len(found.checkpoints)} | {len(found.skipped)} | "
             f"{len(found.failed)} |"
         )
     return INDEX_HEADING + "".join(f"{row}\n" for row in rows)
+
+
+def _computed_on(machine: MachineSignature | None) -> str:
+    return "no trajectory" if machine is None else f"{machine.cpu} ({machine.capability})"
 
 
 def main(argv: list[str] | None = None) -> int:
