@@ -7,10 +7,14 @@ suite's own tests import its private modules directly.
 from __future__ import annotations
 
 from conformance import _golden as golden
-from conformance._divergences import UPSTREAM_MANIFEST, applied_manifests, judges_staleness
 from conformance._memory import PEAK_LOG
 from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
+from conformance.divergences.session import (
+    UPSTREAM_MANIFEST,
+    judges_staleness,
+    resolution,
+)
 from conformance.models.common import MLPWithBuffers, batch
 
 __all__ = [
@@ -20,12 +24,12 @@ __all__ = [
     "UPSTREAM_MANIFEST",
     "MLPWithBuffers",
     "Parallelism",
-    "applied_manifests",
     "batch",
     "dcp",
     "dsd",
     "golden",
     "judges_staleness",
     "lookup",
+    "resolution",
     "sdu",
 ]

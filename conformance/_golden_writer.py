@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from conformance._dcp import training_state
-from conformance._divergences import applied_manifests
 from conformance._fsdp1 import fsdp1_api, torch_model_state_dict, under_optim_settings
 from conformance._golden import (
     ENTRIES,
@@ -41,16 +40,17 @@ from conformance._parallelisms import PARALLELISMS, exists_at_size
 from conformance._resume import MORE_STEPS
 from conformance._trajectory import trained
 from conformance._upstream import dcp
+from conformance.divergences import resolve
+from conformance.divergences.session import applied_manifests
 from conformance.models.common import train
 from conformance.models.zoo import MODELS
 from harness.machine import this_machine
-from harness.manifest import resolve
 
 DCP_WRITERS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
 DCP_MODES = ("sync", "async")
 # FSDP1's state-dict kinds, each by the cell that writes it: LOCAL has no optimizer state dict
 # of its own, and loads only without use_orig_params (upstream's record
-# with-use-orig-params-the-flat-parameter).
+# local-state-dict-with-orig-params-unloadable).
 FSDP1_WRITERS = {
     "full": "fsdp1_full_shard_orig",
     "sharded": "fsdp1_full_shard_orig",
@@ -59,8 +59,8 @@ FSDP1_WRITERS = {
 SINGLE_MODELS = ("mlp", "moe")  # the models the DCP writers train
 # Upstream's records of what some releases cannot save: async_save staging FSDP1's
 # ShardedTensors; get_state_dict on a rank whose FSDP1 shard of a parameter is empty (a hang).
-ASYNC_SHARDED_TENSORS = "async-save-s-own-staging-a-defaultstager"
-EMPTY_FSDP1_SHARD = "hang-a-rank-whose-fsdp1-shard-of"
+ASYNC_SHARDED_TENSORS = "defaultstager-cannot-stage-sharded-tensors"
+EMPTY_FSDP1_SHARD = "empty-fsdp1-shard-is-meta-check-hangs"
 EMPTY_SHARD_SIZE = 4  # the world size at which a rank holds no shard of a parameter
 
 
@@ -88,9 +88,9 @@ def _leave_entry(world: Any, entry: dict[str, Any]) -> None:
 def _skip_where_upstream_diverges(divergence_id: str) -> None:
     """Skip, naming upstream's record, where it holds for the release under test: a checkpoint
     the release cannot write is left out of its set, the reason in the record."""
-    for divergence in resolve(applied_manifests([]), torch.__version__).divergences:
-        if divergence.id == divergence_id:
-            pytest.skip(f"upstream {divergence.id}: {divergence.reason} ({divergence.link})")
+    for known in resolve(applied_manifests([]), torch.__version__).known:
+        if known.id == divergence_id:
+            pytest.skip(f"upstream {known.id}: {known.reason} ({known.link})")
 
 
 def _entry(

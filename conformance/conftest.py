@@ -4,13 +4,9 @@ upstream's (conformance/manifests/upstream.toml) and a fork's own (``--manifest`
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conformance._divergences import applied_manifests, lifted_markers, marker
 from conformance._parallelisms import PARALLELISMS
-from harness.manifest import Resolution, resolve
-
-_RESOLUTION = pytest.StashKey[Resolution]()
+from conformance.divergences.session import lifted_markers, marker, resolution
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,7 +16,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=None,
         metavar="PATH",
-        help="a fork's own known-divergence manifest(s) (TOML, see harness/manifest.py), "
+        help="a fork's own known-divergence manifest(s) (TOML, see conformance/divergences), "
         "applied besides upstream's (conformance/manifests/upstream.toml), by release",
     )
     group.addoption(
@@ -33,20 +29,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    divergences = resolution(config).divergences
+    known = resolution(config).known
     lifting = config.getoption("manifest_lift_skips")
     lifted: list[pytest.Item] = []
     for item in items:
         _skip_where_the_oracle_does_not_model_the_cell(item)
-        for divergence in divergences:
-            if not divergence.matches(item.nodeid):
+        for holding in known:
+            if not holding.matches(item.nodeid):
                 continue
-            if lifting and divergence.skip is not None:
-                for mark in lifted_markers(divergence):
+            if lifting and holding.skip is not None:
+                for mark in lifted_markers(holding):
                     item.add_marker(mark)
                 lifted.append(item)
             else:
-                item.add_marker(marker(divergence))
+                item.add_marker(marker(holding))
     if lifting:
         _keep_only(lifted, items, config)
 
@@ -73,14 +69,6 @@ def _skip_where_the_oracle_does_not_model_the_cell(item: pytest.Item) -> None:
         )
 
 
-def resolution(config: pytest.Config) -> Resolution:
-    """Upstream's manifest and a fork's, resolved for the torch under test: once a session."""
-    if _RESOLUTION not in config.stash:
-        manifests = applied_manifests(config.getoption("manifest") or [])
-        config.stash[_RESOLUTION] = resolve(manifests, torch.__version__)
-    return config.stash[_RESOLUTION]
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     return f"known divergences: {resolution(config).describe()}"
 
@@ -88,9 +76,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    found = config.stash.get(_RESOLUTION, None)
-    if found is not None and found.inferred:
+    found = resolution(config)
+    if found.inferred:
         terminalreporter.section("known divergences inferred for an unrecorded release")
         terminalreporter.line(found.describe())
-        for divergence in found.inferred:
-            terminalreporter.line(f"{divergence.source} ({divergence.releases})")
+        for known in found.inferred:
+            terminalreporter.line(f"{known.source} ({known.releases})")

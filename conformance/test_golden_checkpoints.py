@@ -53,10 +53,10 @@ from conformance._parallelisms import PARALLELISMS, comparison_tolerance
 from conformance._resume import MORE_STEPS, assert_state_is, training_in
 from conformance._trajectory import Training
 from conformance._upstream import dsd, fsdp, full_options, quiet_deprecations
+from conformance.divergences import release_of
 from conformance.models.common import GroundTruth, computed_on, train
 from conformance.models.zoo import MODELS
 from harness.machine import this_machine
-from harness.manifest import release_of
 
 RELEASES = releases_to_load()
 DCP_READERS = ("single", "ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")

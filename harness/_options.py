@@ -17,16 +17,6 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_DEADLINE_FACTOR = 10.0
 DEFAULT_DEADLINE_FLOOR_S = 30.0
 MAX_HASH_SEED = 2**31  # PYTHONHASHSEED takes up to 2**32 - 1; a rank's is the seed + its rank
-# Every option of the plugin starts with --world-, so that it cannot collide with another
-# suite's own (a --device of an ML repository's conftest); the spellings of earlier releases,
-# which the plugin no longer registers and ``python -m ci.gate`` answers with the new name.
-RENAMED_OPTIONS = {
-    "--backend": "--world-backend",
-    "--device": "--world-device",
-    "--max-worlds": "--world-max",
-    "--hash-seed": "--world-hash-seed",
-    "--require-devices": "--world-require-devices",
-}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from harness._items import (
     item_size,
 )
 from harness._launch import LaunchMode
-from harness._options import RENAMED_OPTIONS, WorldOptions, add_options
+from harness._options import WorldOptions, add_options
 from harness._preload import PRELOAD, import_preloads
 from harness._spawn_mode import SpawnMode, WorldTicket
 from harness._torchrun import launched_by_torchrun
@@ -34,7 +34,6 @@ __all__ = [
     "FIRST_FAILURE",
     "MARKER",
     "NOT_APPLICABLE",
-    "RENAMED_OPTIONS",
     "WorldOptions",
     "world_options",
 ]

@@ -1,5 +1,6 @@
-"""Manifests of known divergences: TOML records, matching, resolution by release, fitted
-ranges, and the suite's own manifest against the ids the suite collects."""
+"""Manifests of known divergences: TOML records, each holding for tests over releases once or
+several times, matching, resolution by release, fitted ranges, and the suite's own manifest
+against the ids the suite collects."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from packaging.version import Version
 
 from conformance import UPSTREAM_MANIFEST
-from harness.manifest import (
+from conformance.divergences import (
     Divergence,
+    Holding,
     Manifest,
     ManifestError,
     fit_range,
@@ -40,10 +42,11 @@ def test_a_record_loads_and_matches_ids_with_literal_brackets(tmp_path: Path) ->
     path = _write(tmp_path, RECORD)
     (divergence,) = load(path).divergences
     assert divergence.link == "https://example.org/a#frag"
-    assert divergence.kind == "xfail"
-    assert divergence.matches("conformance/x.py::test_a[w2]")
-    assert not divergence.matches("conformance/x.py::test_ab[w2]")
-    assert divergence.source == f"{path}#a-known-bug"
+    (known,) = divergence.known_in(Version("2.13.0"))
+    assert known.kind == "xfail"
+    assert known.matches("conformance/x.py::test_a[w2]")
+    assert not known.matches("conformance/x.py::test_ab[w2]")
+    assert known.source == f"{path}#a-known-bug"
 
 
 @pytest.mark.parametrize(
@@ -86,12 +89,66 @@ def test_a_malformed_record_is_refused_naming_it(
     assert str(path) in str(refused.value)
 
 
-def test_an_id_given_twice_and_a_line_format_file_are_refused(tmp_path: Path) -> None:
+def test_an_id_given_twice_and_a_file_not_toml_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"more than one divergence: \['a-known-bug'\]"):
         load(_write(tmp_path, RECORD + RECORD))
     old = _write(tmp_path, "t.py::test | reason | https://example.org\n", "old.txt")
-    with pytest.raises(ManifestError, match="convert_manifest"):
+    with pytest.raises(ManifestError, match="not a TOML manifest"):
         load(old)
+
+
+HOLDS_TWICE = """
+[[divergence]]
+id = "empty-shard-load"
+link = "https://example.org/e"
+reason = "rank 3 holds no chunk"
+[[divergence.holds]]
+releases = ">=2.8"
+tests = ["m.py::load[w4-fsdp1_full_shard_*]"]
+[[divergence.holds]]
+releases = ">=2.6"
+skip = "hang"
+tests = ["m.py::resume[w4-*]"]
+"""
+
+
+def test_a_record_holds_for_several_sets_of_tests_each_over_its_releases(tmp_path: Path) -> None:
+    (divergence,) = load(_write(tmp_path, HOLDS_TWICE)).divergences
+    assert [(h.releases, h.skip) for h in divergence.holdings] == [
+        (">=2.8", None),
+        (">=2.6", "hang"),
+    ]
+    (known,) = divergence.known_in(Version("2.7.1"))
+    assert (known.kind, known.reason, known.tests) == (
+        "skip",
+        "rank 3 holds no chunk",
+        ("m.py::resume[w4-*]",),
+    )
+    assert [k.kind for k in divergence.known_in(Version("2.13.0"))] == ["xfail", "skip"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            HOLDS_TWICE.replace(
+                'reason = "rank 3 holds no chunk"\n', 'reason = "r"\ntests = ["m.py::x"]\n'
+            ),
+            "not both",
+        ),
+        (
+            HOLDS_TWICE.replace('skip = "hang"\n', 'skip = "hang"\nnote = "n"\n'),
+            r"unknown fields \['note'\]",
+        ),
+        (HOLDS_TWICE.replace('tests = ["m.py::resume[w4-*]"]\n', ""), "tests must be a list"),
+    ],
+)
+def test_a_malformed_holding_is_refused_naming_its_record(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ManifestError, match=message) as refused:
+        load(_write(tmp_path, text))
+    assert "#empty-shard-load" in str(refused.value)
 
 
 def test_records_written_as_toml_load_back_the_same(tmp_path: Path) -> None:
@@ -100,18 +157,21 @@ def test_records_written_as_toml_load_back_the_same(tmp_path: Path) -> None:
             id="hangs-with-a-quote",
             link="https://example.org/h",
             reason='rank 0 waits in "barrier" \\ forever ' + "and a long tail " * 12,
-            tests=("m.py::t[w4-*]", "m.py::u[w2]"),
-            releases=">=2.6,<2.14.1",
-            skip="hang",
+            holdings=(
+                Holding(("m.py::t[w4-*]", "m.py::u[w2]"), releases=">=2.6,<2.14.1", skip="hang"),
+                Holding(("m.py::w[w2]",), releases=">=2.8"),
+            ),
         ),
-        Divergence(id="plain", link="https://example.org/p", reason="r", tests=("m.py::v",)),
+        Divergence(
+            id="plain", link="https://example.org/p", reason="r", holdings=(Holding(("m.py::v",)),)
+        ),
     ]
     path = _write(tmp_path, to_toml(written, [Version("2.13.0")], header="a header\nof two"))
     manifest = load(path)
     assert manifest.recorded == [Version("2.13.0")]
-    assert [
-        (d.id, d.link, d.reason, d.tests, d.releases, d.skip) for d in manifest.divergences
-    ] == [(d.id, d.link, " ".join(d.reason.split()), d.tests, d.releases, d.skip) for d in written]
+    assert [(d.id, d.link, d.reason, d.holdings) for d in manifest.divergences] == [
+        (d.id, d.link, " ".join(d.reason.split()), d.holdings) for d in written
+    ]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +219,7 @@ def _catalogue(tmp_path: Path) -> Manifest:
 
 
 def _ids(manifests: list[Manifest], version: str) -> list[str]:
-    return [d.id for d in resolve(manifests, version).divergences]
+    return [known.id for known in resolve(manifests, version).known]
 
 
 def test_records_hold_by_the_release_of_the_build(tmp_path: Path) -> None:
@@ -183,7 +243,7 @@ def test_an_unrecorded_newer_build_gets_the_records_still_open_as_inferred(
     resolution = resolve([_catalogue(tmp_path), fork], "2.16.0.dev20261101")
     assert not resolution.recorded
     assert resolution.newest_recorded == Version("2.15.0")
-    assert [d.id for d in resolution.divergences] == ["open-since-2-6", "our-own-bug"]
+    assert [known.id for known in resolution.known] == ["open-since-2-6", "our-own-bug"]
     assert [d.id for d in resolution.inferred] == ["open-since-2-6"]
 
 
@@ -200,7 +260,7 @@ def test_a_resolution_says_how_the_release_resolved(tmp_path: Path) -> None:
     assert resolve(catalogue, "2.13.0+cpu").describe() == "torch release 2.13.0 (recorded)"
     assert resolve(catalogue, "2.16.0a0+gitabc").describe() == (
         "torch release 2.16.0 is not recorded: newer than every recorded release (newest: "
-        "2.15.0); 1 divergences inferred from their release ranges"
+        "2.15.0); 1 known divergences inferred from their release ranges"
     )
     assert resolve(catalogue, "2.11.0+cu130").lies_between == (Version("2.6.0"), Version("2.13.0"))
     assert (
@@ -258,10 +318,15 @@ def test_a_divergence_that_comes_back_has_no_single_range() -> None:
         fit_range({V("2.6.0"): "passes"})
 
 
-def test_the_upstream_manifest_records_releases_and_ranges_every_record() -> None:
+def test_the_upstream_manifest_records_releases_and_ranges_every_holding() -> None:
     manifest = load(UPSTREAM_MANIFEST)
     assert manifest.recorded
-    assert all(divergence.releases for divergence in manifest.divergences)
+    assert all(h.releases for divergence in manifest.divergences for h in divergence.holdings)
+
+
+def test_the_upstream_manifest_states_each_reason_once() -> None:
+    reasons = [divergence.reason for divergence in load(UPSTREAM_MANIFEST).divergences]
+    assert sorted(r for r in set(reasons) if reasons.count(r) > 1) == []
 
 
 @pytest.mark.slow
@@ -269,7 +334,8 @@ def test_every_upstream_record_names_tests_the_suite_collects(conformance_ids: l
     unmatched = [
         f"{divergence.id}: {test}"
         for divergence in load(UPSTREAM_MANIFEST).divergences
-        for test in divergence.tests
+        for holding in divergence.holdings
+        for test in holding.tests
         if not any(id_matches(test, nodeid) for nodeid in conformance_ids)
     ]
     assert not unmatched, "tests no collected id matches:\n" + "\n".join(unmatched)

@@ -197,7 +197,7 @@ def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> Non
 def test_the_release_of_the_build_is_resolved_and_reported(gate: GateRun) -> None:
     import torch
 
-    from harness.manifest import release_of
+    from conformance.divergences import release_of
 
     release = gate.results.release
     assert release is not None

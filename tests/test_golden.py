@@ -20,8 +20,8 @@ import torch
 
 from ci.gate.golden import INDEX, index_text
 from ci.gate.target import SUITE_ROOT
+from conformance import UPSTREAM_MANIFEST
 from conformance._computed import tolerance
-from conformance._divergences import UPSTREAM_MANIFEST
 from conformance._golden import (
     GOLDEN_DIR,
     RECORD,
@@ -34,8 +34,8 @@ from conformance._golden import (
     value_differences,
 )
 from conformance._upstream import fully_shard_missing
+from conformance.divergences import load, release_of
 from harness.machine import rank_threads, this_machine
-from harness.manifest import load, release_of
 from tests._inner import Case, read_junit
 
 pytestmark = pytest.mark.slow

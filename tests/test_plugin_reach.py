@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from ci.gate.target import SUITE_ROOT
-from harness.plugin import RENAMED_OPTIONS
-from tests._inner import start_session
 
 # An ML repository's own conftest, whose options share names with the plugin's old ones.
 OTHER_CONFTEST = """
@@ -72,27 +70,6 @@ def test_an_installed_package_leaves_another_suites_options_alone(tmp_path: Path
     joined = _other_suite(tmp_path, "-p", "harness.plugin", "--world-sizes=2", site=site)
     assert joined.returncode == 0, joined.stdout + joined.stderr
     assert "1 passed" in joined.stdout
-
-
-def test_the_plugin_does_not_register_the_old_spellings(tmp_path: Path) -> None:
-    completed = start_session(tmp_path, "--max-worlds", "2")
-    assert completed.returncode == 4  # pytest's usage error
-    assert "unrecognized arguments: --max-worlds" in completed.stderr
-
-
-@pytest.mark.parametrize("old", sorted(RENAMED_OPTIONS))
-def test_the_gate_answers_an_old_spelling_with_the_new_one(tmp_path: Path, old: str) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "ci.gate", "--out", str(tmp_path), "--", f"{old}=x"],
-        cwd=SUITE_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert completed.returncode == 1
-    assert f"gate: {old} is now {RENAMED_OPTIONS[old]}" in completed.stderr
-    assert not (tmp_path / "results.json").exists()
 
 
 def test_every_option_of_the_plugin_starts_with_world(pytester: pytest.Pytester) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 from types import ModuleType
 
@@ -123,21 +124,48 @@ def test_conformance_public_names() -> None:
         "PEAK_LOG",
         "Parallelism",
         "UPSTREAM_MANIFEST",
-        "applied_manifests",
         "batch",
         "dcp",
         "dsd",
         "golden",
         "judges_staleness",
         "lookup",
+        "resolution",
         "sdu",
     ]
 
 
+def test_divergences_public_names() -> None:
+    """The records of known divergences, their format and their resolution."""
+    import conformance.divergences as divergences
+
+    assert sorted(divergences.__all__) == [
+        "Divergence",
+        "Holding",
+        "Known",
+        "Manifest",
+        "ManifestError",
+        "Resolution",
+        "Showing",
+        "UNSAFE",
+        "Unsafe",
+        "fit_range",
+        "id_matches",
+        "load",
+        "release_of",
+        "resolve",
+        "to_toml",
+    ]
+    for name in divergences.__all__:
+        value = getattr(divergences, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert value.__doc__, f"conformance.divergences.{name} has no docstring"
+
+
 def test_ci_uses_only_the_public_surface_of_the_suite() -> None:
     """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.plugin``,
-    ``harness.outcomes``, ``harness.devices`` and ``harness.manifest`` are public modules),
-    never their private modules."""
+    ``harness.outcomes``, ``harness.devices``, ``harness.machine``, ``harness.memory`` and
+    ``conformance.divergences`` are public modules), never their private modules."""
     ci_root = Path(__file__).resolve().parents[1] / "ci"
     for source in ci_root.rglob("*.py"):
         private = sorted(

@@ -1,5 +1,5 @@
-"""The release map from recorded gate results: how each known divergence showed in each
-release, each release's totals, and the failures no entry expects."""
+"""The release map from recorded gate results: how each holding of a known divergence showed
+in each release, each release's totals, and the failures no entry expects."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ci.gate.target import ExecutionTarget
 from ci.releases import cli, render
 from ci.releases.table import release_map, showing
 from conformance import UPSTREAM_MANIFEST
-from harness.manifest import Divergence, load
+from conformance.divergences import Divergence, Holding, Known, load
 from harness.outcomes import Outcome
 
 # A skip record's test, and the record.
@@ -21,7 +21,7 @@ HANG = (
     "conformance/test_upstream_failures.py::"
     "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
 )
-HANG_RECORD = "hang-given-an-fsdp2-model-s-own"
+HANG_RECORD = "broadcast-of-fsdp2-own-state-dict-hangs"
 OFFLOAD = (
     "conformance/test_upstream_failures.py::"
     "test_fsdp1_full_offloaded_state_dict_equals_single_process"
@@ -39,8 +39,9 @@ def _results(torch_version: str, tests: list[tuple[str, Outcome]]) -> GateResult
     return GateResults(target, 0, 120.0, tests=records)
 
 
-def _divergence(pattern: str) -> Divergence:
-    return Divergence("d", "https://example.org", "reason", (pattern,))
+def _known(pattern: str) -> Known:
+    holding = Holding((pattern,))
+    return Known(Divergence("d", "https://example.org", "reason", (holding,)), holding)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +62,7 @@ def test_a_divergence_shows_by_the_outcomes_of_its_tests(
         for i, outcome in enumerate(outcomes)
     ]
     tests.append(TestResult("t.py::other[w2]", "failed", 1.0, "t", "other", 2))
-    assert showing(_divergence("t.py::t[*"), tests) == expected
+    assert showing(_known("t.py::t[*"), tests) == expected
 
 
 def test_the_map_orders_releases_and_names_what_no_entry_expects(tmp_path: Path) -> None:
@@ -72,8 +73,10 @@ def test_the_map_orders_releases_and_names_what_no_entry_expects(tmp_path: Path)
     older = _results("2.13.0+cpu", [(f"{OFFLOAD}[w2-orig]", "xfailed")])
     table = release_map([("torch==2.15.0", newer), ("torch==2.13.0", older)])
     assert [run.release for run in table.runs] == ["2.13.0", "2.15.0"]
-    assert len(table.rows) == len(load(UPSTREAM_MANIFEST).divergences)
-    (offload,) = [row for row in table.rows if row.id == "fsdp1-full-state-dict-with-offload-to"]
+    holdings = [h for d in load(UPSTREAM_MANIFEST).divergences for h in d.holdings]
+    assert len(table.rows) == len(holdings)
+    offload, its_hang = [row for row in table.rows if row.id == "fsdp1-full-offload-crashes"]
+    assert its_hang.showing == ["-", "-"]  # its other holding: tests these runs did not hold
     assert offload.showing == ["fails", "passes"]
     assert offload.fitted == ">=2.13,<2.15.0"  # what these two runs alone can tell
     assert table.runs[1].unexplained == [("failed: boom", 1)]

@@ -3,7 +3,7 @@
     python -m ci.gate.adopt gate-report/gloo4/results.json --link URL \
         --out ci/our-known-divergences.toml
 
-Each failing test id (failed or error) is covered by a record (``harness.manifest``): the
+Each failing test id (failed or error) is covered by a record (``conformance.divergences``): the
 ids of one test function and one matrix cell that fail with the same first line form one
 record, under one pattern where a pattern can cover them without covering an id that did not
 fail; the first line of the failure is the reason, and ``--link`` (the issue where the fork
@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ci.gate.results import GateResults, TestResult
-from harness.manifest import Divergence, Unsafe, id_matches, to_toml
+from conformance.divergences import Divergence, Holding, Unsafe, id_matches, to_toml
 
 
 def _tests(group: list[TestResult], everything: list[str]) -> tuple[str, ...]:
@@ -56,8 +56,7 @@ def divergences(results: GateResults, link: str) -> list[Divergence]:
             id=f"adopted-{number}",
             link=link,
             reason=reason,
-            tests=_tests(group, everything),
-            skip=_unsafe(group),
+            holdings=(Holding(tests=_tests(group, everything), skip=_unsafe(group)),),
         )
         for number, ((_, _, reason), group) in enumerate(sorted(groups.items()), start=1)
     ]

@@ -27,7 +27,6 @@ from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import quick_tier_ids, world_size_of
-from harness.plugin import RENAMED_OPTIONS
 
 MANIFEST_ENV = "GATE_MANIFEST"
 
@@ -187,18 +186,6 @@ def job_count(args: argparse.Namespace) -> int:
     return auto_jobs(device_type)
 
 
-def refuse_old_spellings(pytest_args: list[str]) -> None:
-    """Stop, naming the new spelling, at a world option of an earlier release among the pytest
-    arguments (the plugin no longer registers them, and pytest's own error would not say)."""
-    for arg in pytest_args:
-        name = arg.split("=", 1)[0]
-        if name in RENAMED_OPTIONS:
-            raise SystemExit(
-                f"gate: {name} is now {RENAMED_OPTIONS[name]} (every option of the world "
-                "plugin starts with --world-, so that it cannot clash with another suite's)"
-            )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -217,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         jobs = job_count(args)
     except ValueError as error:
         parser.error(str(error))
-    refuse_old_spellings(args.pytest_args)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"

@@ -26,8 +26,8 @@ import torch
 
 from ci.gate.target import SUITE_ROOT, suite_commit
 from conformance import golden
+from conformance.divergences import release_of
 from harness.machine import MachineSignature
-from harness.manifest import release_of
 
 INDEX = "README.md"
 WRITER_DEADLINE_S = 120  # a writer's test that hangs costs this long, not the default 300 s

@@ -27,7 +27,7 @@ from ci.gate.results import (
     count_by_parallelism_and_size,
 )
 from ci.gate.target import detect, suite_commit
-from harness.manifest import Manifest, Resolution, resolve
+from conformance.divergences import Resolution
 from harness.outcomes import OUTCOMES, Outcome, is_failure
 from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE, WorldOptions, world_options
 
@@ -196,12 +196,12 @@ class GateRecorder:
         target = detect(
             self._world_kind.backend, self._world_kind.device_type, sizes, self.suite_commit
         )
-        manifests, resolution = self._known_divergences(target.torch_version)
+        resolution = self._known_divergences()
         return GateResults(
             target=target,
             exit_status=exit_status,
             duration_s=time.monotonic() - self.started,
-            manifests=[str(manifest.path) for manifest in manifests],
+            manifests=[str(path) for path in resolution.manifests] if resolution else [],
             release=_release(resolution) if resolution else None,
             unused_entries=self._unused(resolution) if resolution else [],
             tests=[
@@ -234,15 +234,14 @@ class GateRecorder:
         """The worlds' backend and device type, as the world plugin resolved them."""
         return world_options(self.config)
 
-    def _known_divergences(self, torch_version: str) -> tuple[list[Manifest], Resolution | None]:
-        """The manifests the suite applied and their resolution for the build; none where the
-        suite applies no manifest (its conftest adds the --manifest option)."""
+    def _known_divergences(self) -> Resolution | None:
+        """The resolution of the manifests the suite applied, as the session made it; none
+        where the suite applies no manifest (its conftest adds the --manifest option)."""
         if not hasattr(self.config.option, "manifest"):
-            return [], None
-        from conformance import applied_manifests
+            return None
+        from conformance import resolution
 
-        manifests = applied_manifests(self.config.getoption("manifest") or [])
-        return manifests, resolve(manifests, torch_version)
+        return resolution(self.config)
 
     def _unused(self, resolution: Resolution) -> list[UnusedEntry]:
         from conformance import judges_staleness
@@ -250,7 +249,7 @@ class GateRecorder:
         if not judges_staleness(self.config):
             return []
         unused = resolution.unused(self.collected, self.config.rootpath)
-        return [UnusedEntry(d.source, " ".join(d.tests)) for d in unused]
+        return [UnusedEntry(known.source, " ".join(known.tests)) for known in unused]
 
     def _rerun_command(self, nodeid: str) -> str:
         """The command that reruns ``nodeid`` alone, with the options that change its outcome."""

@@ -1,4 +1,4 @@
-"""The release map as data: each known divergence of upstream's manifest by release, from
+"""The release map as data: each holding of upstream's known divergences by release, from
 gate runs' results, with each release's totals and runtime.
 
 Rendered by ``ci.releases.render``; made by ``python -m ci.releases``.
@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from ci.gate.results import GateResults, TestResult
 from conformance import UPSTREAM_MANIFEST
-from harness.manifest import Divergence, Showing, fit_range, load, release_of
+from conformance.divergences import Known, Showing, fit_range, load, release_of
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,15 @@ class GoldenLoads:
 
 @dataclass(frozen=True)
 class Row:
-    """One known divergence and how it showed in each release."""
+    """One holding of a known divergence (its tests over a range of releases) and how it
+    showed in each release."""
 
     id: str
     reason: str
     link: str
-    releases: str  # the record's range
+    releases: str  # the holding's range
     showing: list[Showing]  # by release, oldest first
-    fitted: str  # the range these runs give (harness.manifest.fit_range), or why none
+    fitted: str  # the range these runs give (conformance.divergences.fit_range), or why none
 
 
 @dataclass
@@ -61,11 +62,11 @@ class ReleaseMap:
     rows: list[Row] = field(default_factory=list)
 
 
-def showing(divergence: Divergence, tests: list[TestResult]) -> Showing:
-    """How ``divergence`` showed among one run's ``tests``: its tests failed (expected there
-    or not), all passed (fixed there, or not yet broken), were not run (a skip record: a hang
-    or a crash the gate will not risk), or none of them ran."""
-    matched = [test for test in tests if divergence.matches(test.nodeid)]
+def showing(known: Known, tests: list[TestResult]) -> Showing:
+    """How a holding showed among one run's ``tests``: its tests failed (expected there or
+    not), all passed (fixed there, or not yet broken), were not run (a skip: a hang or a crash
+    the gate will not risk), or none of them ran."""
+    matched = [test for test in tests if known.matches(test.nodeid)]
     if not matched:
         return "-"
     if all(test.outcome == "skipped" for test in matched):
@@ -98,11 +99,11 @@ def golden_loads(tests: list[TestResult]) -> list[GoldenLoads]:
     ]
 
 
-def _run(requirement: str, results: GateResults, divergences: list[Divergence]) -> ReleaseRun:
+def _run(requirement: str, results: GateResults, holdings: list[Known]) -> ReleaseRun:
     unexplained = Counter(
         test.cause
         for test in results.tests
-        if test.is_failure and not any(d.matches(test.nodeid) for d in divergences)
+        if test.is_failure and not any(known.matches(test.nodeid) for known in holdings)
     )
     target = results.target
     return ReleaseRun(
@@ -126,7 +127,11 @@ def release_map(
     by requirement, a run of the skip records' tests with their skips lifted, which shows
     how those divergences stand where the gate does not run them."""
     lifted = lifted or {}
-    divergences = load(UPSTREAM_MANIFEST).divergences
+    holdings = [
+        Known(divergence, holding)
+        for divergence in load(UPSTREAM_MANIFEST).divergences
+        for holding in divergence.holdings
+    ]
     ordered = sorted(runs, key=lambda run: release_of(run[1].target.torch_version))
     releases = [release_of(results.target.torch_version) for _, results in ordered]
     shown = [
@@ -134,19 +139,16 @@ def release_map(
         for requirement, results in ordered
     ]
     return ReleaseMap(
-        runs=[_run(requirement, results, divergences) for requirement, results in ordered],
+        runs=[_run(requirement, results, holdings) for requirement, results in ordered],
         rows=[
-            _row(divergence, releases, [showing(divergence, tests) for tests in shown])
-            for divergence in divergences
+            _row(known, releases, [showing(known, tests) for tests in shown]) for known in holdings
         ],
     )
 
 
-def _row(divergence: Divergence, releases: list[Version], showings: list[Showing]) -> Row:
+def _row(known: Known, releases: list[Version], showings: list[Showing]) -> Row:
     try:
         fitted = fit_range(dict(zip(releases, showings, strict=True)))
     except ValueError as error:
         fitted = f"none: {error}"
-    return Row(
-        divergence.id, divergence.reason, divergence.link, divergence.releases, showings, fitted
-    )
+    return Row(known.id, known.reason, known.link, known.releases, showings, fitted)
