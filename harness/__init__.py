@@ -17,9 +17,9 @@ from harness._messages import TestRequest
 from harness._outcome import WorldOutcome
 from harness._pool import WorldPool
 from harness._preload import import_preloads
-from harness._spec import WorldSpec
+from harness._spec import WorldSettings, WorldSpec
 from harness._torchrun import launched_by_torchrun
-from harness._world import World, WorldSettings, WorldStartError
+from harness._world import World, WorldStartError
 
 __all__ = [
     "ForkServers",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from harness._outcome import describe_exit
 
 if TYPE_CHECKING:
-    from harness._world import WorldSettings
+    from harness._spec import WorldSettings
 
 
 class ForkServerError(RuntimeError):

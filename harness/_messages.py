@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harness._spec import WorldSpec
+from harness._spec import WorldSettings, WorldSpec
 from harness.outcomes import RankStatus
 
 
@@ -32,11 +32,7 @@ class Init:
     spec: WorldSpec
     store_host: str
     store_port: int
-    sys_path: list[str]
-    rootdir: str
-    inifile: str | None
-    verbosity: int
-    pg_timeout_s: float
+    settings: WorldSettings
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections import OrderedDict
 from harness._forkserver import ForkServers
 from harness._messages import TestRequest
 from harness._outcome import WorldOutcome, describe_exit
-from harness._spec import WorldSpec
-from harness._world import World, WorldSettings
+from harness._spec import WorldSettings, WorldSpec
+from harness._world import World
 
 
 class WorldPool:

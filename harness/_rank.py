@@ -50,14 +50,14 @@ def _join_world(init: msg.Init, rank: int) -> None:
         init.store_port,
         world_size=init.spec.size,
         is_master=False,
-        timeout=timedelta(seconds=init.pg_timeout_s),
+        timeout=timedelta(seconds=init.settings.pg_timeout_s),
     )
     dist.init_process_group(
         init.spec.backend,
         store=store,
         rank=rank,
         world_size=init.spec.size,
-        timeout=timedelta(seconds=init.pg_timeout_s),
+        timeout=timedelta(seconds=init.settings.pg_timeout_s),
     )
 
 
@@ -116,7 +116,9 @@ class RankLoop:
         self.conn = conn
         self.init = init
         self.rank = rank
-        self.config = _rank_pytest.make_config(init.rootdir, init.inifile, init.verbosity)
+        self.config = _rank_pytest.make_config(
+            init.settings.rootdir, init.settings.inifile, init.settings.verbosity
+        )
         self.capture = FdCapture(os.environ[WORLD_DIR], rank)
         self.meshes = KeptMeshes()
         _rank_pytest.install_assertion_explanations(self.config)
@@ -198,7 +200,7 @@ def run(authkey: bytes) -> None:
     faulthandler.register(STACK_DUMP_SIGNAL, file=stacks, all_threads=True)
     conn = _connect(rank, authkey)
     init: msg.Init = conn.recv()
-    sys.path[:] = init.sys_path
+    sys.path[:] = init.settings.sys_path
     _export_launcher_variables(init, rank)
     try:
         import_preloads()

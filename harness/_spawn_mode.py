@@ -29,8 +29,8 @@ from harness._messages import TestRequest
 from harness._options import WorldOptions
 from harness._outcome import WorldOutcome
 from harness._pool import WorldPool
-from harness._spec import WorldSpec
-from harness._world import WorldSettings, WorldStartError
+from harness._spec import WorldSettings, WorldSpec
+from harness._world import WorldStartError
 
 
 @dataclass(frozen=True)

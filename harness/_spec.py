@@ -1,10 +1,11 @@
-"""World specifications: which backend, how many ranks, which device type."""
+"""World specifications: which backend, how many ranks, which device type (``WorldSpec``),
+and how a session starts its worlds (``WorldSettings``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness import devices
+from harness import _env, devices
 
 
 def check_ranks_per_device(backend: str, ranks_per_device: object) -> None:
@@ -87,3 +88,22 @@ class WorldSpec:
                 f"device{'s' if self.devices_needed > 1 else ''} ({per}); this machine has {count}"
             )
         return None
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    """How worlds are started; shared by every world of a session."""
+
+    sys_path: list[str]
+    rootdir: str
+    inifile: str | None
+    verbosity: int = 0
+    startup_timeout_s: float = 120.0
+    pg_timeout_s: float = 1800.0
+    # Rank r runs with PYTHONHASHSEED = hash_seed + r: each rank orders sets of strings its own
+    # way, as the processes a launcher starts do, and the same way in every run.
+    hash_seed: int = _env.DEFAULT_HASH_SEED
+
+    def __post_init__(self) -> None:
+        if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
+            raise ValueError("world timeouts must be positive")

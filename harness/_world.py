@@ -33,7 +33,7 @@ from harness import _messages as msg
 from harness._capture import STREAMS, read_capture, stack_dump_path
 from harness._forkserver import ForkedRank, ForkServerError, ForkServers
 from harness._outcome import WorldOutcome, describe_exit
-from harness._spec import WorldSpec
+from harness._spec import WorldSettings, WorldSpec
 from harness.outcomes import RankStatus
 
 LOOPBACK = "127.0.0.1"
@@ -52,25 +52,6 @@ STACK_DUMP_WAIT_S = 2.0
 
 class WorldStartError(RuntimeError):
     """The world's ranks could not all join the process group."""
-
-
-@dataclass(frozen=True)
-class WorldSettings:
-    """How worlds are started; shared by every world of a session."""
-
-    sys_path: list[str]
-    rootdir: str
-    inifile: str | None
-    verbosity: int = 0
-    startup_timeout_s: float = 120.0
-    pg_timeout_s: float = 1800.0
-    # Rank r runs with PYTHONHASHSEED = hash_seed + r: each rank orders sets of strings its own
-    # way, as the processes a launcher starts do, and the same way in every run.
-    hash_seed: int = _env.DEFAULT_HASH_SEED
-
-    def __post_init__(self) -> None:
-        if self.startup_timeout_s <= 0 or self.pg_timeout_s <= 0:
-            raise ValueError("world timeouts must be positive")
 
 
 class _RankProcess:
@@ -165,16 +146,7 @@ class World:
         return _RankProcess(rank, popen)
 
     def _init_message(self) -> msg.Init:
-        return msg.Init(
-            spec=self.spec,
-            store_host=LOOPBACK,
-            store_port=self._store.port,
-            sys_path=self.settings.sys_path,
-            rootdir=self.settings.rootdir,
-            inifile=self.settings.inifile,
-            verbosity=self.settings.verbosity,
-            pg_timeout_s=self.settings.pg_timeout_s,
-        )
+        return msg.Init(self.spec, LOOPBACK, self._store.port, self.settings)
 
     def _accept(self, listener: Listener) -> None:
         """Accept one authenticated connection per rank; each rank first names itself."""

@@ -125,8 +125,8 @@ def whole_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Gat
 
 def test_merged_shards_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
     suite, manifest, whole = whole_run
-    _run(tmp_path / "shard1", suite, manifest, "--shard", "1/2")
-    _run(tmp_path / "shard2", suite, manifest, after=("--shard=2/2",))  # as tox passes it
+    _run(tmp_path / "shard1", suite, manifest, "--gate-shard", "1/2")
+    _run(tmp_path / "shard2", suite, manifest, after=("--gate-shard=2/2",))  # as tox passes it
     shards = [GateResults.load(tmp_path / f"shard{k}" / "results.json") for k in (1, 2)]
     assert all(shard_results.tests for shard_results in shards)
 
@@ -165,9 +165,9 @@ def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run) -> None:
     """``--jobs`` runs the runner's shard alone, its jobs claiming its groups; a job that
     claims none (three jobs, fewer groups) does not fail the run."""
     suite, manifest, _ = whole_run
-    _run(tmp_path / "alone", suite, manifest, "--shard", "2/2")
+    _run(tmp_path / "alone", suite, manifest, "--gate-shard", "2/2")
     completed = gate_on_inner_suite(
-        suite, manifest, tmp_path / "jobs", "--shard", "2/2", after=("--jobs=3",)
+        suite, manifest, tmp_path / "jobs", "--gate-shard", "2/2", after=("--jobs=3",)
     )
     alone = GateResults.load(tmp_path / "alone" / "results.json")
     jobs = GateResults.load(tmp_path / "jobs" / "results.json")

@@ -33,7 +33,7 @@ SELECTION = (
 )
 def test_records_and_bounds_hold_on_another_machine(tmp_path: Path) -> None:
     out = tmp_path / "gate"
-    command = [sys.executable, "-m", "ci.gate", "--backend", "gloo", "--world-sizes", "1,2"]
+    command = [sys.executable, "-m", "ci.gate", "--world-backend", "gloo", "--world-sizes", "1,2"]
     command += ["--jobs", "2", "--out", str(out), "--"]
     command += ["conformance/test_golden_checkpoints.py", "conformance/test_peak_memory.py"]
     command += ["-k", SELECTION]

@@ -1,5 +1,5 @@
-"""The world plugin stays out of other suites: it loads only where asked for, every option it
-adds starts with ``--world-``, and the gate answers the spellings of earlier releases."""
+"""The world plugin stays out of other suites: it loads only where asked for, and every option
+it adds starts with ``--world-``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from ci.gate.target import SUITE_ROOT
 
-# An ML repository's own conftest, whose options share names with the plugin's old ones.
+# An ML repository's own conftest, with options named as ML suites name them.
 OTHER_CONFTEST = """
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu")

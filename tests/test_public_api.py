@@ -163,7 +163,7 @@ def test_divergences_public_names() -> None:
 
 
 def test_ci_uses_only_the_public_surface_of_the_suite() -> None:
-    """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.plugin``,
+    """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.session``,
     ``harness.outcomes``, ``harness.devices``, ``harness.machine``, ``harness.memory`` and
     ``conformance.divergences`` are public modules), never their private modules."""
     ci_root = Path(__file__).resolve().parents[1] / "ci"

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from ci.gate import cli, tier
+from ci.gate.node_ids import world_size_of
 from ci.mutation.cli import quick_tier_for
 from ci.mutation.mutants import catalogue
 
@@ -121,7 +122,7 @@ def _gate_args(*pytest_args: str, sizes: str = "1,2") -> argparse.Namespace:
 def test_the_quick_gate_runs_the_tiers_ids_at_its_world_sizes(tmp_path) -> None:
     command = cli.pytest_command(_gate_args("-x"), tmp_path)
     tests = [arg for arg in command if arg.startswith("conformance/")]
-    expected = [i for i in tier.quick_tier_ids() if tier.world_size_of(i) in (1, 2)]
+    expected = [i for i in tier.quick_tier_ids() if world_size_of(i) in (1, 2)]
     assert tests == expected
     assert "conformance" not in command
     assert any("[w4-" in nodeid for nodeid in tier.quick_tier_ids())
@@ -141,7 +142,7 @@ def test_the_gate_refuses_an_unknown_tier_after_the_separator(capsys) -> None:
 def test_a_mutant_runs_the_tier_its_own_modules_first() -> None:
     mutant = catalogue()["gather_ignores_ranks_only"]
     ids = quick_tier_for(mutant, "2,4")
-    assert sorted(ids) == sorted(i for i in tier.quick_tier_ids() if tier.world_size_of(i) != 1)
+    assert sorted(ids) == sorted(i for i in tier.quick_tier_ids() if world_size_of(i) != 1)
     own = [i for i in ids if i.startswith(mutant.tests)]
     assert own
     assert ids[: len(own)] == own

@@ -1,7 +1,7 @@
 """The gate's entry point: run the conformance suite, write junit XML, results and reports.
 
-    python -m ci.gate [--backend NAME] [--device TYPE] --world-sizes 1,2,4 --out gate-report \\
-        [--jobs N] [-- PYTEST_ARGS]
+    python -m ci.gate [--world-backend NAME] [--world-device TYPE] --world-sizes 1,2,4 \\
+        --out gate-report [--jobs N] [-- PYTEST_ARGS]
 
 writes into ``--out``: ``junit.xml``, ``results.json`` (every test id: outcome, duration,
 failing ranks, first difference, rerun command; the execution target), ``report.md`` and
@@ -21,12 +21,13 @@ from pathlib import Path
 
 from ci.gate.durations import MEANS, RECORDED
 from ci.gate.jobs import auto_jobs, parse_jobs, run_jobs
+from ci.gate.node_ids import path_of, world_size_of
 from ci.gate.report_content import TIERS
 from ci.gate.report_files import write_reports
 from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
-from ci.gate.tier import quick_tier_ids, world_size_of
+from ci.gate.tier import quick_tier_ids
 
 MANIFEST_ENV = "GATE_MANIFEST"
 
@@ -34,14 +35,14 @@ MANIFEST_ENV = "GATE_MANIFEST"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ci.gate", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--backend",
+        "--world-backend",
         default="auto",
         metavar="NAME",
         help="any backend the torch build has registered (gloo, nccl, xccl, a vendor's loaded "
         "by HARNESS_PRELOAD); auto: the device type's default (default: auto)",
     )
     parser.add_argument(
-        "--device",
+        "--world-device",
         default="auto",
         metavar="TYPE",
         help="device type of the ranks; auto: the build's accelerator, else cpu (default: auto)",
@@ -57,10 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: ${MANIFEST_ENV}, paths separated by {os.pathsep!r})",
     )
     parser.add_argument(
-        "--require-devices", action="store_true", help="fail, not skip, worlds without devices"
+        "--world-require-devices",
+        action="store_true",
+        help="fail, not skip, worlds without devices",
     )
     parser.add_argument(
-        "--lift-skips",
+        "--manifest-lift-skips",
         action="store_true",
         help="run only the tests that skip records of the manifests hold back, skip lifted, each "
         "in a world of its own under a short deadline; those that pass show as XPASS (fixed)",
@@ -73,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "by python -m ci.gate.tier), which kills every mutant; also taken after -- ",
     )
     parser.add_argument(
-        "--shard",
+        "--gate-shard",
         metavar="K/N",
         help="run the K-th of N parts of the ids, of near-equal recorded time (a module's tests "
         "at one world size kept together); python -m ci.gate.merge joins the N reports",
@@ -83,21 +86,21 @@ def _parser() -> argparse.ArgumentParser:
         default="1",
         metavar="N",
         help="run N pytest sessions side by side on this host, each a part of the ids (as "
-        "--shard splits them), their reports merged into one; auto: one per core for CPU "
+        "--gate-shard splits them), their reports merged into one; auto: one per core for CPU "
         "worlds, as memory allows, and 1 for accelerator worlds (default: 1)",
     )
     parser.add_argument(
-        "--recorded-durations",
+        "--world-deadlines",
         default=str(RECORDED) if RECORDED.exists() else "",
         metavar="PATH",
         help="deadlines fitted to these recorded durations (ten times, at least 30 s; default: "
         "ci/gate/durations.json); '' gives every world test the harness's 300 s",
     )
     parser.add_argument(
-        "--shard-weights",
+        "--gate-shard-durations",
         default=str(MEANS) if MEANS.exists() else "",
         metavar="PATH",
-        help="--shard weighs each id by its function's mean recorded duration in this file "
+        help="--gate-shard weighs each id by its function's mean recorded duration in this file "
         "(default: ci/gate/mean-durations.json); '' weighs every id alike",
     )
     parser.add_argument(
@@ -113,9 +116,7 @@ def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = No
     ``claims``, a job that runs the groups of ids it claims in that directory first."""
     extra: list[str] = args.pytest_args
     named = [
-        arg
-        for arg in extra
-        if not arg.startswith("-") and (SUITE_ROOT / arg.split("::")[0]).exists()
+        arg for arg in extra if not arg.startswith("-") and (SUITE_ROOT / path_of(arg)).exists()
     ]
     tests = named or ["conformance"]
     if args.tier == "quick":  # the tier's ids at these sizes, of the named paths if any
@@ -129,32 +130,32 @@ def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = No
     command = [sys.executable, "-m", "pytest", *tests]
     # Paths go in --option=value form: pytest takes a separate path argument as a test path
     # when it picks the rootdir, and node ids (and manifest patterns) are relative to it.
-    command += [f"--world-backend={args.backend}", f"--world-device={args.device}"]
+    command += [f"--world-backend={args.world_backend}", f"--world-device={args.world_device}"]
     command += [f"--world-sizes={args.world_sizes}"]
     command += ["-p", "harness.plugin", "-p", "ci.gate.recorder"]
     command += [f"--junitxml={out / 'junit.xml'}"]
     command += [f"--gate-results={out / 'results.json'}"]
     command += [f"--manifest={Path(manifest).resolve()}" for manifest in args.manifest]
-    if args.require_devices:
+    if args.world_require_devices:
         command.append("--world-require-devices")
-    if args.lift_skips:
+    if args.manifest_lift_skips:
         command.append("--manifest-lift-skips")
-    if args.recorded_durations:
-        command.append(f"--world-deadlines={Path(args.recorded_durations).resolve()}")
-    if args.shard or claims:
+    if args.world_deadlines:
+        command.append(f"--world-deadlines={Path(args.world_deadlines).resolve()}")
+    if args.gate_shard or claims:
         command += ["-p", "ci.gate.shard"]
-        if args.shard:
-            command.append(f"--gate-shard={args.shard}")
+        if args.gate_shard:
+            command.append(f"--gate-shard={args.gate_shard}")
         if claims:
             command.append(f"--gate-claims={claims}")
-        if args.shard_weights:
-            command.append(f"--gate-shard-durations={Path(args.shard_weights).resolve()}")
+        if args.gate_shard_durations:
+            command.append(f"--gate-shard-durations={Path(args.gate_shard_durations).resolve()}")
     return command + options
 
 
 GATE_OPTIONS_AFTER_SEPARATOR = (
     "--tier",
-    "--shard",
+    "--gate-shard",
     "--jobs",
 )  # as `tox -e nccl4 -- --tier quick` passes them
 
@@ -182,7 +183,7 @@ def job_count(args: argparse.Namespace) -> int:
         return count
     from harness import devices
 
-    _, device_type = devices.resolve(args.backend, args.device)
+    _, device_type = devices.resolve(args.world_backend, args.world_device)
     return auto_jobs(device_type)
 
 
@@ -192,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in GATE_OPTIONS_AFTER_SEPARATOR:
         value, args.pytest_args = option_among(name, args.pytest_args)
         if value is not None:
-            setattr(args, name.removeprefix("--"), value)
+            setattr(args, name.removeprefix("--").replace("-", "_"), value)
     if args.tier not in TIERS:
         parser.error(f"--tier must be one of {', '.join(TIERS)}, not {args.tier!r}")
-    if args.shard:
+    if args.gate_shard:
         try:
-            parse_shard(args.shard)
+            parse_shard(args.gate_shard)
         except ValueError as error:
             parser.error(str(error))
     try:

@@ -10,7 +10,7 @@ seconds}``. The gate passes the file to the harness (``--world-deadlines``), whi
 tests ten times their recorded duration, at least 30 s: a release with a hang nobody recorded
 yet loses that much per hang, not the 300 s default. Beside it, the mean duration of each
 test function's ids at each world size, whatever their outcome (``{"path::test_function[w4]":
-seconds}``; a test of no world by its function alone), by which ``--shard`` and ``--jobs``
+seconds}``; a test of no world by its function alone), by which ``--gate-shard`` and ``--jobs``
 weigh each id: an id at 4 ranks costs more than the same test at 2, a skipped id next to
 nothing, a hang its deadline (the longest would weigh a function with one slow id as if every
 id were slow). ``--update`` keeps the recorded functions the run did not hold (a run of some
@@ -21,24 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
+from ci.gate.node_ids import function_of, world_size_in
 from ci.gate.results import GateResults
 
 RECORDED = Path(__file__).resolve().parent / "durations.json"
 MEANS = Path(__file__).resolve().parent / "mean-durations.json"
 _RAN_TO_THE_END = ("passed", "xfailed", "xpassed")
-WORLD_SIZE_IN_ID = re.compile(r"\[w(\d+)")  # ``[w4-ddp]``: the world size an id names
 
 
 def weight_key(nodeid: str) -> str:
     """What an id is weighed by: its test function at the world size it names
     (``path::test_f[w4]``), or its function alone for a test of no world."""
-    function = nodeid.split("[", 1)[0]
-    found = WORLD_SIZE_IN_ID.search(nodeid)
-    return f"{function}[w{found.group(1)}]" if found else function
+    size = world_size_in(nodeid)
+    return function_of(nodeid) if size is None else f"{function_of(nodeid)}[w{size}]"
 
 
 def _by_function(results: GateResults) -> dict[str, list[float]]:
@@ -46,7 +44,7 @@ def _by_function(results: GateResults) -> dict[str, list[float]]:
     measured: dict[str, list[float]] = {}
     for test in results.tests:
         if test.world_size is not None and test.outcome in _RAN_TO_THE_END and not test.cut_short:
-            measured.setdefault(test.nodeid.split("[", 1)[0], []).append(test.duration_s)
+            measured.setdefault(function_of(test.nodeid), []).append(test.duration_s)
     return measured
 
 

@@ -1,6 +1,6 @@
 """``python -m ci.gate.golden --out DIR``: the golden set of the torch under test.
 
-Writes ``DIR/<release>/``: the checkpoints of ``ci/gate/_golden_writer.py`` (DCP, saved and
+Writes ``DIR/<release>/``: the checkpoints of ``conformance/_golden_writer.py`` (DCP, saved and
 asynchronously saved, from every parallelism family at 1, 2 and 4 ranks; FSDP1's FULL,
 SHARDED and LOCAL state dicts; one process's ``torch.save``) and ``record.json``: the
 release, torch's version and git hash, the suite's commit, every file's hash and every value
@@ -122,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.gate.golden", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="the directory of sets")
     parser.add_argument("--world-sizes", default="1,2,4", help="the writers' world sizes")
-    parser.add_argument("--backend", default="gloo", help="the worlds' backend (gloo)")
-    parser.add_argument("--device", default="cpu", help="the worlds' device type (cpu)")
+    parser.add_argument("--world-backend", default="gloo", help="the worlds' backend (gloo)")
+    parser.add_argument("--world-device", default="cpu", help="the worlds' device type (cpu)")
     parser.add_argument(
         "--index", action="store_true", help="only rewrite DIR/README.md, the table of sets"
     )
     args = parser.parse_args(argv)
     if not args.index:
-        status = write_set(args.out, args.world_sizes, args.backend, args.device)
+        status = write_set(args.out, args.world_sizes, args.world_backend, args.world_device)
         if status != 0:
             return status
     (args.out / INDEX).write_text(index_text(args.out))

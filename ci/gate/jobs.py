@@ -2,7 +2,7 @@
 
 A world of ranks spends much of a test waiting (in gloo's rounds of a collective, for its
 slowest rank), so one pytest session leaves a CPU host's cores partly idle. ``--jobs N`` runs
-N pytest sessions at once over the same ids (the runner's own part where ``--shard`` is
+N pytest sessions at once over the same ids (the runner's own part where ``--gate-shard`` is
 given too), each running the groups of ids it claims first in a directory they share
 (``ci.gate.shard``: a module's tests at one world size, the dearest first), and merges their
 results and junit XML (``ci.gate.merge``) into the run's ``--out``: the ids, outcomes and

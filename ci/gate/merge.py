@@ -1,6 +1,6 @@
 """``python -m ci.gate.merge DIR... --out OUT``: the reports of N shards as one gate run's.
 
-Each ``DIR`` is the ``--out`` of one ``python -m ci.gate --shard K/N`` run. The merged
+Each ``DIR`` is the ``--out`` of one ``python -m ci.gate --gate-shard K/N`` run. The merged
 ``results.json`` holds every shard's test ids (an id in two shards is refused), the slowest
 shard's duration (the shards ran side by side), the worst exit status, and what every shard
 finds alike from the ids it collects, all of them, before its part is chosen: those not

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ci.gate.node_ids import module_of, params_of
 from ci.gate.results import (
     NO_PARALLELISM,
     GateResults,
@@ -29,7 +30,13 @@ from ci.gate.results import (
 from ci.gate.target import detect, suite_commit
 from conformance.divergences import Resolution
 from harness.outcomes import OUTCOMES, Outcome, is_failure
-from harness.plugin import FAILING_RANKS, FIRST_FAILURE, NOT_APPLICABLE, WorldOptions, world_options
+from harness.session import (
+    FAILING_RANKS,
+    FIRST_FAILURE,
+    NOT_APPLICABLE,
+    WorldOptions,
+    world_options,
+)
 
 PROGRESS_EVERY_S = 60.0
 # How pytest reports a test marked xfail(strict=True) that passed: a failed call.
@@ -51,10 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def classify(nodeid: str, parallelisms: frozenset[str]) -> tuple[str, str]:
     """(check, parallelism) of a test id: the module without ``test_``, and the first
     parameter that names a parallelism of the matrix."""
-    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-    check = module.removeprefix("test_")
-    params = nodeid.partition("[")[2].rstrip("]").split("-")
-    named = [param for param in params if param in parallelisms]
+    check = module_of(nodeid).removeprefix("test_")
+    named = [param for param in params_of(nodeid) if param in parallelisms]
     return check, named[0] if named else NO_PARALLELISM
 
 

@@ -1,4 +1,4 @@
-"""Shards of a gate run: ``python -m ci.gate --shard K/N`` runs the K-th of N parts.
+"""Shards of a gate run: ``python -m ci.gate --gate-shard K/N`` runs the K-th of N parts.
 
 Every runner collects the same ids and splits them alike, so the N parts hold every id once.
 Ids go in groups, a module's tests at one world size together (a runner then sets up that
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from ci.gate.durations import weight_key
-from ci.gate.tier import UNKNOWN_DURATION_S, module_of, world_size_of
+from ci.gate.node_ids import module_of, world_size_of
+from ci.gate.tier import UNKNOWN_DURATION_S
 
 Group = tuple[str, int]  # a module's tests at one world size
 CLAIMS = pytest.StashKey["Claims"]()

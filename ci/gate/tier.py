@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ci.gate.durations import RECORDED, WORLD_SIZE_IN_ID
+from ci.gate.durations import RECORDED
+from ci.gate.node_ids import function_of, module_of, params_of, world_size_of
 from ci.gate.target import SUITE_ROOT
 
 QUICK_TIER = Path(__file__).parent / "quick-tier.txt"
@@ -40,16 +41,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-def module_of(nodeid: str) -> str:
-    """``conformance/test_x.py::t[w2]`` -> ``test_x``."""
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-
-
 def parallelisms_of(nodeid: str, parallelisms: Iterable[str]) -> list[str]:
     """The parallelisms of the matrix an id's parameters name."""
-    params = nodeid.partition("[")[2].rstrip("]").split("-")
     known = set(parallelisms)
-    return [param for param in params if param in known]
+    return [param for param in params_of(nodeid) if param in known]
 
 
 def cell_family(parallelism: str) -> str:
@@ -66,15 +61,9 @@ def cell_family(parallelism: str) -> str:
     return parallelism
 
 
-def world_size_of(nodeid: str) -> int:
-    """The world size an id names (``[w4-...]``); 1 for a test of no world."""
-    found = WORLD_SIZE_IN_ID.search(nodeid)
-    return int(found.group(1)) if found else 1
-
-
 def cost(nodeid: str, durations: dict[str, float]) -> tuple[float, int, str]:
     """How dear an id is: its test's recorded duration, then its world size, then the id."""
-    duration = durations.get(nodeid.split("[", 1)[0], UNKNOWN_DURATION_S)
+    duration = durations.get(function_of(nodeid), UNKNOWN_DURATION_S)
     return duration, world_size_of(nodeid), nodeid
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ci.gate.tier import quick_tier_ids, world_size_of
+from ci.gate.node_ids import world_size_of
+from ci.gate.tier import quick_tier_ids
 from ci.mutation import report
 from ci.mutation.mutants import Mutant, catalogue, missing_target
 from ci.mutation.run import MUTANT_CRASHED, RunResult, RunSettings, run_tests
@@ -33,10 +34,13 @@ def _parser() -> argparse.ArgumentParser:
         "--tests", default="", help="comma-separated tests replacing each mutant's own"
     )
     parser.add_argument(
-        "--backend", default="gloo", metavar="NAME", help="any the build has (default: gloo)"
+        "--world-backend", default="gloo", metavar="NAME", help="any the build has (default: gloo)"
     )
     parser.add_argument(
-        "--device", default="auto", metavar="TYPE", help="device type of the ranks (default: auto)"
+        "--world-device",
+        default="auto",
+        metavar="TYPE",
+        help="device type of the ranks (default: auto)",
     )
     parser.add_argument(
         "--tier",
@@ -122,7 +126,11 @@ def verify_killers(outcomes: list[report.MutantOutcome], settings: RunSettings, 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = RunSettings(
-        args.backend, args.world_sizes, args.world_timeout, args.run_timeout, args.device
+        args.world_backend,
+        args.world_sizes,
+        args.world_timeout,
+        args.run_timeout,
+        args.world_device,
     )
     outcomes = []
     for mutant in chosen(args.mutants):
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     for outcome in outcomes:
         if outcome.killed_by:
             outcome.in_quick_tier = outcome.killed_by in quick
-    where = f"backend {args.backend} on device {args.device}, world sizes {args.world_sizes}"
+    where = f"backend {args.world_backend} on device {args.world_device}"
+    where += f", world sizes {args.world_sizes}"
     tier = "the quick tier's tests" if args.tier == "quick" else "each mutant's own tests"
     run = f"Run with `python -m ci.mutation --tier {args.tier}` ({tier}): {where}."
     markdown = report.write(outcomes, run, args.out)

@@ -1,0 +1,40 @@
+"""What a pytest node id of the suite says, read in one place: its file, module, test
+function, parameters and world size (``conformance/test_x.py::test_y[w4-ddp-adam]``)."""
+
+from __future__ import annotations
+
+import re
+
+_WORLD_SIZE = re.compile(r"\[w(\d+)")  # ``[w4-ddp]``: the world size an id names
+
+
+def path_of(nodeid: str) -> str:
+    """``conformance/test_x.py::t[w2]`` -> ``conformance/test_x.py``."""
+    return nodeid.split("::", 1)[0]
+
+
+def module_of(nodeid: str) -> str:
+    """``conformance/test_x.py::t[w2]`` -> ``test_x``."""
+    return path_of(nodeid).rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def function_of(nodeid: str) -> str:
+    """``conformance/test_x.py::t[w2-ddp]`` -> ``conformance/test_x.py::t``."""
+    return nodeid.split("[", 1)[0]
+
+
+def params_of(nodeid: str) -> list[str]:
+    """``...::t[w2-ddp-adam]`` -> ``["w2", "ddp", "adam"]``; ``[]`` for an id of none."""
+    inside = nodeid.partition("[")[2].rstrip("]")
+    return inside.split("-") if inside else []
+
+
+def world_size_in(nodeid: str) -> int | None:
+    """The world size an id names (``[w4-...]``); None for a test of no world."""
+    found = _WORLD_SIZE.search(nodeid)
+    return int(found.group(1)) if found else None
+
+
+def world_size_of(nodeid: str) -> int:
+    """The world size an id runs at: the one it names, 1 for a test of no world."""
+    return world_size_in(nodeid) or 1
