@@ -1,9 +1,9 @@
-"""The catalogue of checks in ``conformance/README.md``, generated from the test modules'
-docstrings, so that what a module checks is written once, beside its tests.
+"""``conformance/CATALOGUE.md``, the catalogue of check modules, generated from the test
+modules' docstrings, so that what a module checks is written once, beside its tests.
 
-    python -m conformance._catalogue    # rewrite the catalogue section of the README
+    python -m conformance._catalogue    # rewrite CATALOGUE.md
 
-``tests/test_catalogue.py`` fails when the README's catalogue differs from what this makes.
+``tests/test_catalogue.py`` fails when the file differs from what this makes.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import re
 import sys
 from pathlib import Path
 
-from conformance._readme_section import with_section
-
 SUITE_DIR = Path(__file__).resolve().parent
-README = SUITE_DIR / "README.md"
-BEGIN = (
-    "<!-- catalogue: made by `python -m conformance._catalogue` from the test modules' "
-    "docstrings; edit those, not this -->"
+CATALOGUE = SUITE_DIR / "CATALOGUE.md"
+HEADER = (
+    "# Catalogue of checks\n\n"
+    "<!-- made by `python -m conformance._catalogue` from the test modules' docstrings; "
+    "edit those, not this -->\n\n"
+    "What each check module of the suite judges, in file-name order. "
+    "[README.md](README.md) says how the suite is built.\n"
 )
-END = "<!-- end of catalogue -->"
 
 
 def _markdown(docstring: str) -> str:
@@ -30,24 +30,19 @@ def _markdown(docstring: str) -> str:
 
 
 def catalogue(suite_dir: Path = SUITE_DIR) -> str:
-    """One section per test module, in file-name order: its docstring."""
-    sections = []
+    """The file's text: a header, then one section per test module, its docstring."""
+    sections = [HEADER]
     for module in sorted(suite_dir.glob("test_*.py")):
         docstring = ast.get_docstring(ast.parse(module.read_text()))
         if not docstring:
             raise ValueError(f"{module.name} has no docstring: say what it checks")
-        sections.append(f"### `{module.name}`\n\n{_markdown(docstring)}\n")
+        sections.append(f"## `{module.name}`\n\n{_markdown(docstring)}\n")
     return "\n".join(sections)
 
 
-def refreshed(readme: str, suite_dir: Path = SUITE_DIR) -> str:
-    """``readme`` with the text between ``BEGIN`` and ``END`` made anew."""
-    return with_section(readme, BEGIN, END, f"\n{catalogue(suite_dir)}")
-
-
 def main() -> int:
-    README.write_text(refreshed(README.read_text()))
-    print(f"wrote the catalogue into {README}")
+    CATALOGUE.write_text(catalogue())
+    print(f"wrote {CATALOGUE}")
     return 0
 
 

@@ -1,44 +1,45 @@
-"""The documented ways of saving and loading a training state through ``dcp.save`` and
-``dcp.load``, and loads of part of a checkpoint.
+"""The documented ways to save and load through ``dcp.save`` and ``dcp.load``, and partial loads.
 
-Each cell trains ``SAVED_AFTER`` steps and saves; fresh objects of the same cell load, train
-``MORE_STEPS`` more, and must hold what ``SAVED_AFTER + MORE_STEPS`` single-process steps give
-(bit for bit, within the cell's tolerance). The ways of saving and loading:
+Each cell trains ``SAVED_AFTER`` steps and saves its training state. Fresh
+objects of the same cell load, train ``MORE_STEPS`` more, and must hold what
+``SAVED_AFTER + MORE_STEPS`` single-process steps give (bit for bit, within the cell's
+tolerance). The ways of saving and loading:
 
-- ``app_state``: DCP's recipe. An object holding the model and optimizer, whose
-  ``state_dict`` is ``get_state_dict`` and whose ``load_state_dict`` is ``set_state_dict``
-  (it meets DCP's ``Stateful`` protocol), is saved and loaded as ``{"app": app_state}``: DCP
-  calls those two methods itself.
+- ``app_state``: DCP's recipe. An object holds the model and optimizer. Its ``state_dict`` is
+  ``get_state_dict`` and its ``load_state_dict`` is ``set_state_dict``, so it meets DCP's
+  ``Stateful`` protocol. It is saved and loaded as ``{"app": app_state}``, and DCP calls those
+  two methods itself.
 - ``patched``: ``_patch_model_state_dict`` and ``_patch_optimizer_state_dict`` make the
-  model's and optimizer's own ``state_dict`` and ``load_state_dict`` the distributed ones; the
+  model's and optimizer's own ``state_dict`` and ``load_state_dict`` the distributed ones. The
   loop saves and loads through those methods, as code written for one process does.
-- ``flattened_then_nested`` / ``nested_then_flattened``: the optimizer state saved in one form
-  (``flatten_optimizer_state_dict``), read back through a template of that form (a
-  checkpoint's keys are those of the form it was saved in), and given to
-  ``set_optimizer_state_dict`` with the options of the other form: either form loads.
+- ``flattened_then_nested`` / ``nested_then_flattened``: the optimizer state is saved in one
+  form (``flatten_optimizer_state_dict``). It is read back through a template of that form,
+  since a checkpoint's keys are those of the form it was saved in. Then it is given to
+  ``set_optimizer_state_dict`` with the options of the other form. Either form loads.
 
 A rank that holds a part of the model (a pipeline stage, its experts) saves its optimizer
-state flattened, the form upstream gives for MPMD (``conformance/_dcp.py``): its app state and
-patched methods use it, and the two ways that cross forms do not apply to parts (not
-collected at the sizes where ``pp`` and ``ep`` split the model).
+state flattened. That is the form upstream gives for MPMD (``conformance/_dcp.py``). Its app
+state and patched methods use that form. The two ways that cross forms do not apply to parts:
+they are not collected at the sizes where ``pp`` and ``ep`` split the model.
 
 Loads of part of a checkpoint:
 
-- of a checkpoint of the model and the optimizer, the model's state alone (the optimizer
-  state is left unread): the model holds
-  the single-process values after ``SAVED_AFTER`` steps, the fresh optimizer is untouched;
-- ``fc1``'s keys alone, set with ``strict=False``: those hold the saved values, every other
-  key keeps the fresh model's;
-- a checkpoint of the model without ``fc1`` (a pretrained body, kept for a model whose first
-  layer is new) loaded into the templates of the model and the optimizer with
-  ``DefaultLoadPlanner(allow_partial_load=True)``: every key it holds is loaded, ``fc1`` and the
-  optimizer's template keep their fresh values; without it the load raises
-  ``CheckpointException`` on every rank, naming ``model.fc1.weight``, and changes no value of
-  the template. ``CheckpointException`` derives from ``BaseException`` (2.6.0, 2.13.0 and
-  2.15.0 alike): an ``except Exception`` does not catch it.
+- A checkpoint of the model and the optimizer, of which the model's state alone is loaded
+  (the optimizer state is left unread). The model holds the single-process values after
+  ``SAVED_AFTER`` steps, and the fresh optimizer is untouched.
+- ``fc1``'s keys alone, set with ``strict=False``. Those keys hold the saved values, and every
+  other key keeps the fresh model's value.
+- A checkpoint of the model without ``fc1``: a pretrained body, kept for a model whose first
+  layer is new. It is loaded into the templates of the model and the optimizer with
+  ``DefaultLoadPlanner(allow_partial_load=True)``. Every key it holds is loaded, and ``fc1``
+  and the optimizer's template keep their fresh values. Without ``allow_partial_load`` the
+  load raises ``CheckpointException`` on every rank, naming ``model.fc1.weight``. It then
+  changes no value of the template.
 
-The mutant ``partial_load_stops_at_the_first_missing_key`` (a partial load that plans nothing
-after the first key the checkpoint lacks) is seen by this module only.
+``CheckpointException`` derives from ``BaseException`` (2.6.0, 2.13.0 and 2.15.0 alike), so an
+``except Exception`` does not catch it. The mutant
+``partial_load_stops_at_the_first_missing_key`` (a partial load that plans nothing after the
+first key the checkpoint lacks) is seen by this module only.
 """
 
 from __future__ import annotations

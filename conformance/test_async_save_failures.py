@@ -1,24 +1,28 @@
 """A failed asynchronous save is an error on every rank, and loses nothing.
 
 Judged against the checkpoint saved before it, not against the oracle. A cell trains two
-steps and saves asynchronously into one directory, which every rank reads back whole; it
-trains a step more and saves into another directory through a storage writer that raises on
-the last rank as its write begins, or, with the process checkpointer, ends that rank's
-checkpointer process there (SIGKILL). Both saves are staged by the writer (every release's
-way, and one that stages every kind of tensor). The second save must end in an error on
-every rank: each rank's future raises within its limit (none succeeds, none hangs), and the
-error says what failed: the injected write error on every rank; that the checkpointer
-process is dead on the rank that lost it, and on the others an error of DCP or its
-collectives. The first checkpoint must then read exactly as before, and the second must not
-have been committed (DCP writes a checkpoint's ``.metadata`` last). After a failed write the
-checkpointer must save again: the next save succeeds. Every cell at its smallest world size
-above one and at 4, with each checkpointer; the dead checkpointer process on DDP (the test
-leaves its world to be respawned: the build keeps a dead process as its checkpointer for
-every later save).
+steps and saves asynchronously into one directory, which every rank reads back whole. It
+trains a step more and saves into another directory, through a storage writer that raises on
+the last rank as its write begins. With the process checkpointer, the writer instead ends that
+rank's checkpointer process there (SIGKILL). Both saves are staged by the writer: that way
+exists in every release, and it stages every kind of tensor.
 
-A staging that fails is an error too: a caller's stager whose staging has already failed
-when ``async_save`` looks at it must fail the staging completion (the promise that the state
-may change) and the save, on every rank, with each checkpointer.
+The second save must end in an error on every rank. Each rank's future raises within its
+limit: none succeeds, none hangs. The error says what failed. Where the write raised, every
+rank gives the injected write error. Where the checkpointer process died, the rank that lost
+it says that process is dead, and the others give an error of DCP or its collectives. The
+first checkpoint must then read exactly as before. The second must not have been committed
+(DCP writes a checkpoint's ``.metadata`` last). After a failed write the checkpointer must
+save again: the next save succeeds.
+
+Every cell runs at its smallest world size above one and at 4, with each checkpointer. The
+dead checkpointer process is tested on DDP alone. That test leaves its world to be respawned,
+because the build keeps a dead process as its checkpointer for every later save.
+
+A staging that fails is an error too. Take a caller's stager whose staging has already failed
+when ``async_save`` looks at it. Then ``async_save`` must fail the staging completion (the
+promise that the state may change) and the save. It must fail both on every rank, with each
+checkpointer.
 """
 
 from __future__ import annotations

@@ -1,46 +1,49 @@
 """Asynchronous saves write what ``dcp.save`` writes: the state at the call, each save its own.
 
 Judged against a synchronous ``dcp.save`` of the same state and against the single-process
-run, never against the oracle alone. Each checkpoint is read back whole by every rank
-(``dcp_to_torch_save``) and compared key by key, bit for bit, with the one ``dcp.save`` wrote
-at the same moment. Each save goes through ``dcp.async_save`` with a checkpointer (a thread,
-or a process per rank that lives as long as the rank) and a staging choice: the build's own;
-the storage writer's; ``BlockingAsyncStager``, cached or not; ``DefaultStager`` with all
-``StagingOptions`` flags off, each flag on alone, and all on; a ``DefaultStager`` the caller
-keeps. Choices that need pinned memory or non-blocking copies skip where the machine has no
-accelerator, saying so; a choice the release lacks skips, naming it.
+run, never against the oracle alone. Every rank reads each checkpoint back whole
+(``dcp_to_torch_save``). It is compared key by key, bit for bit, with the one ``dcp.save``
+wrote at the same moment. Each save goes through ``dcp.async_save`` with a checkpointer and a
+staging choice. The checkpointer is a thread, or a process per rank that lives as long as the
+rank. The staging is the build's own, the storage writer's, or ``BlockingAsyncStager``, cached
+or not. Or it is a ``DefaultStager`` with all ``StagingOptions`` flags off, each flag on alone,
+or all on. Or it is a ``DefaultStager`` the caller keeps. Choices that need pinned memory or
+non-blocking copies skip where the machine has no accelerator, saying so. A choice the
+release lacks skips, naming it.
 
-- **The state at the call.** The write of every async save is held (the storage writer waits
-  for a file the test creates) until training has taken a step, zeroed the gradients and
-  changed every parameter, buffer and optimizer state tensor in place; only then may it
-  write, so the race is decided, never timed. The checkpoint must still equal ``dcp.save``'s
-  at the call. The state may change once ``async_save`` returns where the build returns a
-  ``Future``, and once staging completes where it returns an ``AsyncSaveResponse``
-  (``DefaultStager`` staging in the background); the test keeps the promise the build made,
-  and the ranks agree that staging completed before any of them trains on. The build's own
-  staging on every cell, with AdamW under a StepLR scheduler at its smallest world size above
-  one and at 4 (each checkpointer) and with Adam at the smallest (the thread); every other
-  staging choice, with each checkpointer, at 4 ranks on the cells that stage each kind of
-  tensor (``STAGING_CELLS``: plain tensors, DTensors on 1-D and 2-D meshes, FSDP1's
-  ShardedTensors and its DTensors on a device mesh). A failure names the keys, both values,
-  and whether the async checkpoint holds the state after the call.
-- **Each save its own.** Three saves in a row with a step between each: each checkpoint
-  equals ``dcp.save``'s at its own moment, with the build's own staging for each save and
-  with one stager kept across them (``DefaultStager``, ``BlockingAsyncStager`` or the
-  writer's, caching); one at a time, and each still writing (held) when the next has
-  reached its checkpointer. A failure says which other moment a checkpoint holds. At 4 ranks
-  on the staging cells; in flight, a process checkpointer on DDP alone, and a caching writer
-  (one writer, aimed by each save at its directory) not at all.
-- **Resharded, training goes on.** A checkpoint saved asynchronously at 4 ranks by one cell,
-  or at 2 by FSDP2 with the thread checkpointer (a process checkpointer keeps the group of
-  its first save), is loaded by another cell (or the same) at 4, 2 or 1 ranks, which trains
-  two more steps: the full state equals the single-process run's (within the
-  tensor-parallel tolerances). Every other load of an async checkpoint is judged through
-  ``dcp.save``'s, which it equals bit for bit, by ``test_resuming_commutes_with_training.py``.
+- **The state at the call.** The write of every async save is held: the storage writer waits
+  for a file the test creates. Meanwhile training takes a step, zeroes the gradients and
+  changes every parameter, buffer and optimizer state tensor in place. Only then may the write
+  go on, so the race is decided, never timed. The checkpoint must still equal ``dcp.save``'s
+  at the call. Where the build returns a ``Future``, the state may change once ``async_save``
+  returns. Where it returns an ``AsyncSaveResponse`` (``DefaultStager`` staging in the
+  background), the state may change once staging completes. The test keeps the promise the
+  build made. The ranks agree that staging completed before any of them trains on. The
+  build's own staging runs on every cell. It runs with AdamW under a StepLR scheduler at the
+  smallest world size above one and at 4, with each checkpointer. It runs with Adam at the
+  smallest size, with the thread checkpointer. Every other staging choice runs with each
+  checkpointer at 4 ranks, on the cells that stage each kind of tensor. Those are the
+  ``STAGING_CELLS``: plain tensors, DTensors on 1-D and 2-D meshes, FSDP1's ShardedTensors and
+  its DTensors on a device mesh. A failure names the keys and both values. It also says
+  whether the async checkpoint holds the state after the call.
+- **Each save its own.** Three saves in a row, with a step between each: each checkpoint
+  equals ``dcp.save``'s at its own moment. The saves use the build's own staging for each
+  save, or one stager kept across them (``DefaultStager``, ``BlockingAsyncStager`` or the
+  writer's, caching). They run one at a time, and also with each still writing (held) when
+  the next has reached its checkpointer. A failure says which other moment a checkpoint holds.
+  These run at 4 ranks on the staging cells. Saves in flight together use a process
+  checkpointer on DDP alone. They do not use a caching writer at all (one writer, aimed by each
+  save at its directory).
+- **Resharded, training goes on.** One cell saves a checkpoint asynchronously at 4 ranks. Or
+  FSDP2 saves it at 2 ranks with the thread checkpointer (a process checkpointer keeps the
+  group of its first save). Another cell, or the same, loads it at 4, 2 or 1 ranks and trains
+  two more steps. The full state equals the single-process run's (within the tensor-parallel
+  tolerances). Every other load of an async checkpoint is judged through the ``dcp.save``
+  checkpoint it equals bit for bit, by ``test_resuming_commutes_with_training.py``.
 
 The thread checkpointer's saves run their collectives on a gloo group of their own, one per
-save in flight: DCP's collectives from the training thread and from upload threads on one
-group may pair up across ranks.
+save in flight. Otherwise DCP's collectives from the training thread and from upload threads,
+on one group, may pair up across ranks.
 """
 
 from __future__ import annotations

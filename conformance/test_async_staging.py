@@ -1,21 +1,28 @@
 """Staging copies like the oracle, into memory of its own, and a kept stager into its buffers.
 
 Judged against the oracle of ``_state_dict_utils``, whose contract staging is built on, and
-against the live state. Every staging choice with a stager to call (``BlockingAsyncStager``,
-cached or not; a ``FileSystemWriter``'s own staging, cached or not; ``DefaultStager`` with
-each ``StagingOptions`` flag on alone, all off, all on, and the one a caller keeps) stages a
-cell's state as ``async_save`` hands it over (``get_state_dict``'s model and optimizer state,
-the scheduler's). The staged copy must equal the oracle's staging of the same state
-(``reference_impl.create_cpu_state_dict``, in pinned or shared memory as the choice says,
-filled by ``reference_impl.copy_state_dict``) in structure, types, placements, devices, dtypes
-and values; share no memory with the live state; and lie in shared memory where the choice
-says so (what a process checkpointer receives without a copy) and in pinned memory where it
-says so (``Staging.pins``: but for the tensors each stager documents it leaves unpinned, a
-0-dim one in ``_create_cpu_state_dict``, a storage under 5 bytes in ``DefaultStager``; on an
-H200 with torch 2.11 AdamW's 0-dim ``step`` was staged unpinned by both). A stager kept
-across saves, staging again after a training step, must land in the very buffers of its
-first staging, now holding the new values. On the cells that stage each kind of tensor, at
-their smallest world size above one and at 4.
+against the live state. Every staging choice with a stager to call stages a cell's state as
+``async_save`` hands it over. That state is ``get_state_dict``'s model and optimizer state, and
+the scheduler's. The choices:
+
+- ``BlockingAsyncStager``, cached or not;
+- a ``FileSystemWriter``'s own staging, cached or not;
+- ``DefaultStager`` with each ``StagingOptions`` flag on alone, all off, and all on;
+- the ``DefaultStager`` a caller keeps.
+
+The staged copy must equal the oracle's staging of the same state in structure, types,
+placements, devices, dtypes and values. The oracle stages with
+``reference_impl.create_cpu_state_dict``, in pinned or shared memory as the choice says, and
+fills the copy with ``reference_impl.copy_state_dict``. The staged copy must share no memory
+with the live state. It must lie in shared memory where the choice says so: that is what a
+process checkpointer receives without a copy. It must lie in pinned memory where the choice
+says so (``Staging.pins``). The exceptions are the tensors each stager documents it leaves
+unpinned: a 0-dim one in ``_create_cpu_state_dict``, and a storage under 5 bytes in
+``DefaultStager``. On an H200 with torch 2.11, both staged AdamW's 0-dim ``step`` unpinned.
+
+A stager kept across saves stages again after a training step. It must land in the very
+buffers of its first staging, now holding the new values. The checks run on the cells that
+stage each kind of tensor, at their smallest world size above one and at 4.
 """
 
 from __future__ import annotations

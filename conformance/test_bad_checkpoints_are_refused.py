@@ -1,8 +1,7 @@
-"""Bad checkpoints: refused on every rank with an error that names what is wrong, and nothing
-changed.
+"""Bad checkpoints are refused on every rank, by an error naming what is wrong; nothing changes.
 
 A cell trains ``SAVED_AFTER`` steps and saves its model and optimizer state through
-``dcp.save`` with one entry spoiled; fresh objects of the same cell then load it as a
+``dcp.save``, with one entry spoiled. Fresh objects of the same cell then load it as a
 training loop does (``get_state_dict``'s templates into ``dcp.load``). The spoils, of
 ``fc1.weight``:
 
@@ -10,18 +9,22 @@ training loop does (``get_state_dict``'s templates into ``dcp.load``). The spoil
 - ``wrong_shape``: saved with one more row;
 - ``wrong_dtype``: saved as ``float64`` (other values than the model's).
 
-The load must raise on every rank, naming the key (``model.fc1.weight``), and leave the
+The load must raise on every rank, naming the key (``model.fc1.weight``). It must leave the
 templates, the model, the optimizer and every file of the checkpoint as they were. A dtype
 can also be converted, as ``load_state_dict`` converts it: a load that does so must give the
-saved values in the parameter's dtype. Each cell at every size it has.
+saved values in the parameter's dtype. Each cell runs at every size it has.
 
-Bad files, at 1, 2 and 4 ranks: a Hugging Face checkpoint written by rank 0 whose
-safetensors file is cut short, declares a header longer than the file, or holds a header
-that is not JSON, loaded through ``HuggingFaceStorageReader``; and a ``torch.save`` file that
-holds a list, not a state dict, read on rank 0 by ``BroadcastingTorchSaveReader``. Every rank
-must raise an error that names the file, and the files must be left as they were. (On 2.13.0
-no such error names the file, and the list read by ``BroadcastingTorchSaveReader`` hangs the
-ranks other than 0 in its broadcast: manifest entries.)
+Bad files, at 1, 2 and 4 ranks:
+
+- a Hugging Face checkpoint written by rank 0 and loaded through ``HuggingFaceStorageReader``,
+  whose safetensors file is cut short, declares a header longer than the file, or holds a
+  header that is not JSON;
+- a ``torch.save`` file that holds a list, not a state dict, read on rank 0 by
+  ``BroadcastingTorchSaveReader``.
+
+Every rank must raise an error that names the file, and the files must be left as they were.
+On 2.13.0 no such error names the file. There the list read by ``BroadcastingTorchSaveReader``
+also hangs the ranks other than 0 in its broadcast. Both are manifest entries.
 
 DCP reports a failed load as ``CheckpointException``, which derives from ``BaseException``
 (on 2.6.0, 2.13.0 and 2.15.0): a script's ``except Exception`` does not catch it. The check

@@ -1,21 +1,26 @@
 """Resharding at tensor level: a DCP checkpoint saved under one placement loads under another.
 
-A state dict of tensors of every shape a model has (rows and columns that divide by neither
-2 nor 4, a vector, a 3-D tensor, a bfloat16 and an int64 tensor) is saved by ``dcp.save``
-under one layout and loaded by ``dcp.load`` into templates of another, filled with NaN (or
--1) so that a piece the load leaves unread shows. The layouts: a plain tensor on every rank;
-a DTensor on a 1-D mesh as ``Replicate``, ``Shard`` on the first and on the last dimension;
-a ShardedTensor chunked by rows (ranks past the rows hold no shard); and at 4 ranks, on a
-2 x 2 mesh, ``(Shard(first), Shard(last))``, ``(Replicate, Shard(first))``, ``(Shard(first),
-Shard(first))`` and the ``(_StridedShard(first), Shard(first))`` of FSDP2 + TP, which orders
-the same rows the other way round. Every saved layout loads into every layout at 1, 2 and 4
-ranks, and a checkpoint saved at 4 ranks loads on 2 ranks and on 1 (``no_dist``) into every
-layout there. What each rank holds afterwards is compared, key by key, with its piece of the
-saved tensor, bit for bit.
+A state dict holds tensors of every shape a model has: rows and columns that divide by neither
+2 nor 4, a vector, a 3-D tensor, a bfloat16 and an int64 tensor. It is saved by ``dcp.save``
+under one layout, and loaded by ``dcp.load`` into templates of another. The templates are
+filled with NaN (or -1), so that a piece the load leaves unread shows. The layouts:
 
-The mutant ``resharding_reads_matrices_only`` (a resharding read that intersects chunks on
-their first two dimensions only, as a planner written for matrices would) is seen by the
-3-D tensor here only: no model of the matrix has one.
+- a plain tensor on every rank;
+- a DTensor on a 1-D mesh as ``Replicate``, and as ``Shard`` on the first and on the last
+  dimension;
+- a ShardedTensor chunked by rows (ranks past the rows hold no shard);
+- at 4 ranks, on a 2 x 2 mesh: ``(Shard(first), Shard(last))``, ``(Replicate, Shard(first))``
+  and ``(Shard(first), Shard(first))``;
+- at 4 ranks, the ``(_StridedShard(first), Shard(first))`` of FSDP2 + TP, which orders the
+  same rows the other way round.
+
+Every saved layout loads into every layout at 1, 2 and 4 ranks. A checkpoint saved at 4 ranks
+loads on 2 ranks and on 1 (``no_dist``) into every layout there. What each rank holds
+afterwards is compared with its piece of the saved tensor, key by key, bit for bit.
+
+The mutant ``resharding_reads_matrices_only`` is a resharding read that intersects chunks on
+their first two dimensions only, as a planner written for matrices would. Only the 3-D tensor
+here sees it: no model of the matrix has one.
 """
 
 from __future__ import annotations

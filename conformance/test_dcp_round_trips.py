@@ -1,15 +1,14 @@
 """Round trips through ``torch.distributed.checkpoint``: save, load, reshard, train on.
 
-A checkpoint saved under one parallelism and world size loads under another
-and every value survives; after a load, training goes on exactly as if the
-model had never been saved.
+A checkpoint saved under one parallelism and world size loads under another, and every value
+survives. After a load, training goes on exactly as if the model had never been saved.
 
-DCP save → load restores every value and training then continues exactly as without the
-save, for every parallelism; resharding loads at 4 → 2 ranks and 4 → 1 (rank 0 alone,
+DCP save → load restores every value, and training then continues exactly as without the
+save, for every parallelism. Resharding loads run at 4 → 2 ranks, 4 → 1 (rank 0 alone,
 ``no_dist``) and 2 → 4, across parallelisms (FSDP1 → FSDP2, DDP → FSDP2, FSDP2+TP → TP, TP →
 DDP, ...). A save over an existing checkpoint replaces it where its writer allows it
-(``FileSystemWriter(overwrite=True)``, the default) and is refused on every rank where it does
-not, the files left as they were (upstream's ``test_overwrite``).
+(``FileSystemWriter(overwrite=True)``, the default). Where the writer does not, the save is
+refused on every rank and the files are left as they were (upstream's ``test_overwrite``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,27 @@
 """Expert parallelism: each rank holds its experts alone, sharded over the ranks that share them.
 
 The ``ep`` cell (``conformance/_experts.py``) trains a mixture of two experts between the
-MLP's layers (``conformance/models/experts.py``): at 2 ranks one expert per rank; at 4 ranks a
-``(dp, ep)`` mesh of 2 by 2, each expert held by the two ranks of its ``dp`` group and sharded
-by FSDP2 over them, the rest of the model sharded over all four, as upstream's
-``e2e/test_fsdp_ep.py`` and torchtitan's MoE training lay it out. Training is the single
-process's bit for bit (the expert boundaries sum two terms, in the order one process does).
-Every other check module judges the cell like any other, against the part of the
-single-process state a rank holds, with flattened optimizer state in its checkpoints (as a
-pipeline's stages); ``test_resuming_commutes_with_training`` resumes its checkpoints in one
-process, in FSDP2 at 2 ranks, and at 2 ranks of the cell, and FSDP2's in the cell.
+MLP's layers (``conformance/models/experts.py``). At 2 ranks each rank holds one expert. At 4
+ranks the cell uses a ``(dp, ep)`` mesh of 2 by 2. Each expert is held by the two ranks of its
+``dp`` group and sharded by FSDP2 over them; the rest of the model is sharded over all four.
+Upstream's ``e2e/test_fsdp_ep.py`` and torchtitan's MoE training lay it out this way. Training
+is the single process's bit for bit: the expert boundaries sum two terms, in the order one
+process does.
 
-Here, what upstream's test asks of the layout: after two steps each rank's sharded state
-dicts hold every shared key and its own expert's keys, no other expert's; every parameter and
-its optimizer state is a DTensor on the mesh of the ranks that hold it (its expert's ranks,
-or the whole world); the optimizer state is keyed by exactly the rank's parameters; every
-rank's full state together is the single-process state, bit for bit.
+Every other check module judges the cell like any other, against the part of the
+single-process state a rank holds. Its checkpoints carry flattened optimizer state, as a
+pipeline's stages do. Its checkpoints are resumed by ``test_resuming_commutes_with_training``
+in one process, in FSDP2 at 2 ranks, and at 2 ranks of the cell. That module also resumes
+FSDP2's checkpoints in the cell.
+
+Here, what upstream's test asks of the layout, after two steps:
+
+- each rank's sharded state dicts hold every shared key and its own expert's keys, and no
+  other expert's;
+- every parameter and its optimizer state is a DTensor on the mesh of the ranks that hold it
+  (its expert's ranks, or the whole world);
+- the optimizer state is keyed by exactly the rank's parameters;
+- every rank's full state together is the single-process state, bit for bit.
 """
 
 from __future__ import annotations

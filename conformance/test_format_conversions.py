@@ -1,25 +1,25 @@
 """Conversions between DCP checkpoints and ``torch.save`` files (``format_utils``).
 
-- ``dcp_to_torch_save``: a checkpoint saved by a cell after ``SAVED_AFTER`` steps (model and
-  optimizer, as a training loop saves them), converted on rank 0 alone, is one
-  ``torch.save`` file whose model state, optimizer state and hyper-parameters are the
+- ``dcp_to_torch_save``: a cell saves a checkpoint after ``SAVED_AFTER`` steps (model and
+  optimizer, as a training loop saves them). Converted on rank 0 alone, it is one
+  ``torch.save`` file. That file's model state, optimizer state and hyper-parameters are the
   single-process run's at that step.
-- ``torch_save_to_dcp``: the single-process run's full state after ``SAVED_AFTER`` steps,
-  written by ``torch.save`` and converted on rank 0, loads into every cell's fresh objects,
+- ``torch_save_to_dcp``: ``torch.save`` writes the single-process run's full state after
+  ``SAVED_AFTER`` steps, and rank 0 converts it. It loads into every cell's fresh objects,
   which then train on to exactly what ``SAVED_AFTER + MORE_STEPS`` single-process steps give.
 - ``BroadcastingTorchSaveReader`` with ``DynamicMetaLoadPlanner``: a model's ``torch.save``
-  file, present on rank 0 only, is read there and broadcast through ``dcp.load`` into every
-  cell's full model state dict (the reader takes tensors only, so the model's state alone),
-  which ``set_model_state_dict`` then loads: the model holds the single-process values. Into
-  a sharded state dict (DTensors, ShardedTensors) the reader hangs on 2.13.0: rank 0
-  broadcasts each whole tensor, the other ranks receive into their pieces.
+  file is present on rank 0 only. It is read there and broadcast through ``dcp.load`` into
+  every cell's full model state dict. The reader takes tensors only, so this is the model's
+  state alone. Then ``set_model_state_dict`` loads it, and the model holds the single-process
+  values. Into a sharded state dict (DTensors, ShardedTensors) the reader hangs on 2.13.0:
+  rank 0 broadcasts each whole tensor, while the other ranks receive into their pieces.
 
-Every cell at every size it has. A full optimizer state read back from a checkpoint may hold
-Adam's ``betas`` as a list where the run holds a tuple (DCP stores a param group's values
-as it was given them, and rebuilds sequences as lists): hyper-parameters are compared as
-values. The mutant ``dcp_to_torch_save_drops_non_tensor_state`` (a conversion that keeps
-the tensors and drops the rest: step counts of plain numbers, hyper-parameters) is seen by
-this module only.
+Every cell runs at every size it has. A full optimizer state read back from a checkpoint may
+hold Adam's ``betas`` as a list where the run holds a tuple. DCP stores a param group's values
+as it was given them, and rebuilds sequences as lists. So hyper-parameters are compared as
+values. The mutant ``dcp_to_torch_save_drops_non_tensor_state`` is a conversion that keeps the
+tensors and drops the rest (step counts of plain numbers, hyper-parameters). Only this module
+sees it.
 """
 
 from __future__ import annotations

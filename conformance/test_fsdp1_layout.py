@@ -1,10 +1,10 @@
 """FSDP1's flat parameters hold what the oracle's layout says, where it says.
 
-For every FSDP1 cell of the matrix (each strategy, with and without
-``use_orig_params``, flat and nested wrapping), on the matrix's MLP and on
-a tiny model whose shards run out before the ranks do: the oracle's layout
-equals FSDP1's own shard records, and each rank's flat shard holds exactly
-the pieces of the single-process parameters the layout names, then zeros.
+The checks run on every FSDP1 cell of the matrix: each strategy, with and without
+``use_orig_params``, flat and nested wrapping. They use the matrix's MLP, and a tiny model
+whose shards run out before the ranks do. The oracle's layout equals FSDP1's own shard
+records. Each rank's flat shard holds exactly the pieces of the single-process parameters the
+layout names, then zeros.
 """
 
 from __future__ import annotations

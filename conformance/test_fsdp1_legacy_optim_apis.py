@@ -7,14 +7,17 @@ exist in torch; forks keep them for older checkpoints. Each is run on every
 FSDP1 cell after two Adam steps and must equal the oracle on the same
 instance; an API missing from the build is a skip that names it.
 
-In detail: the older entry points forks keep for old checkpoints, on every FSDP1 cell at 2
-and 4 ranks: ``full_optim_state_dict`` (every rank, rank 0 only) and
-``sharded_optim_state_dict`` against the oracle; ``shard_full_``, ``scatter_full_`` (rank 0
-alone passes the state) and ``flatten_sharded_optim_state_dict`` conversions against the
-oracle's, then loaded back; ``rekey_optim_state_dict`` to parameter IDs (loads into an
-unwrapped model's Adam as the single-process state) and to names (then sharded, equal to the
-cell's own optimizer state), and both ways for an optimizer not stepped yet, whose param
-groups need re-keying all the same. A missing API is a skip that names it.
+In detail, on every FSDP1 cell at 2 and 4 ranks:
+
+- ``full_optim_state_dict`` (every rank, rank 0 only) and ``sharded_optim_state_dict``
+  against the oracle;
+- the ``shard_full_``, ``scatter_full_`` (rank 0 alone passes the state) and
+  ``flatten_sharded_optim_state_dict`` conversions against the oracle's, then loaded back;
+- ``rekey_optim_state_dict`` to parameter IDs: the result loads into an unwrapped model's Adam
+  as the single-process state;
+- ``rekey_optim_state_dict`` to names: the result, then sharded, equals the cell's own
+  optimizer state;
+- both ways for an optimizer not stepped yet, whose param groups need re-keying all the same.
 """
 
 from __future__ import annotations

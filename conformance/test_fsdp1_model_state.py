@@ -1,30 +1,25 @@
 """FSDP1's model state-dict types against the oracle of ``fsdp/_state_dict_utils.py``.
 
-For every FSDP1 cell (strategies, with and without ``use_orig_params``,
-flat and nested wrapping) after two Adam steps: ``model.state_dict()``
-inside ``FSDP.state_dict_type`` equals ``reference_impl.fsdp_state_dict``
-on the same instance for each type and config, or both refuse; the
-oracle's full state dict is the single-process one; loading the same state
-dict through torch and through the oracle gives the same flat shards, and
-the loaded models train on identically; the same with float16 buffers
-under mixed precision and an ignored module; the oracle's errors for bad
-input, on every rank. FULL_STATE_DICT with
-``offload_to_cpu`` is left to ``test_upstream_failures.py``
-(``test_fsdp1_full_offloaded_state_dict_equals_single_process``): on this
-build it crashes a rank.
+Every FSDP1 cell runs at 2 and 4 ranks: each strategy, with and without ``use_orig_params``,
+flat and nested wrapping. After two Adam steps, the module checks:
 
-In detail: ``model.state_dict()`` inside ``FSDP.state_dict_type`` for FULL (every rank,
-``rank0_only``), SHARDED and LOCAL (each on device and offloaded) against
-``reference_impl.fsdp_state_dict`` on the same model, for every FSDP1 cell at 2 and 4 ranks
-(LOCAL refuses the HYBRID cells' device mesh, in both); the oracle's full state dict (on
-device, offloaded, and ``rank0_only``: global rank 0 alone) against the single-process
-model; float16 mixed-precision buffers with an ignored module, every type against torch and
-buffers saved in their float32 dtype; one saved FULL, SHARDED or LOCAL state dict loaded by
-torch and by ``reference_impl.fsdp_load_state_dict`` into fresh models must write identical
-flat shards (the saved values, zero padding) and train on identically; and the oracle's
-errors for a missing parameter, a wrong shape, another model's state dict and keys present
-on some ranks only, raised on every rank. FULL with ``offload_to_cpu`` is covered by
-``test_upstream_failures.py`` (it crashes a rank on this build).
+- ``model.state_dict()`` inside ``FSDP.state_dict_type`` against
+  ``reference_impl.fsdp_state_dict`` on the same model, for each type and config. The types
+  are FULL (every rank, ``rank0_only``), SHARDED and LOCAL (each on device and offloaded). The
+  two must be equal, or both refuse. LOCAL refuses the HYBRID cells' device mesh, in both.
+- The oracle's full state dict (on device, offloaded, and ``rank0_only``: global rank 0
+  alone) against the single-process model.
+- Float16 mixed-precision buffers with an ignored module: every type against torch, and
+  buffers saved in their float32 dtype.
+- One saved FULL, SHARDED or LOCAL state dict, loaded by torch and by
+  ``reference_impl.fsdp_load_state_dict`` into fresh models. Both must write identical flat
+  shards (the saved values, zero padding), and the loaded models must train on identically.
+- The oracle's errors for bad input, raised on every rank: a missing parameter, a wrong shape,
+  another model's state dict, and keys present on some ranks only.
+
+FULL_STATE_DICT with ``offload_to_cpu`` is left to ``test_upstream_failures.py``
+(``test_fsdp1_full_offloaded_state_dict_equals_single_process``): on this build it crashes a
+rank.
 """
 
 from __future__ import annotations

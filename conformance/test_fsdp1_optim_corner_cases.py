@@ -1,19 +1,19 @@
 """FSDP1 optimizer state in the corners upstream's ``test_fsdp_optim_state.py`` covers.
 
-Each case builds an optimizer over an FSDP1 cell in an unusual way (no step
-taken yet, a parameter order that differs between ranks, user values in a
-parameter's state, a NamedOptimizer keyed by names) and holds torch to the
-oracle: ``FSDP.optim_state_dict`` under the full and the sharded config,
-``FSDP.optim_state_dict_to_load`` of that, and a fresh optimizer loaded with
-it must give the saved state back. Every cell runs at its smallest world size.
-The order of names within one parameter's state is not compared here: FSDP1
-returns NO_SHARD's entries in the optimizer's own order, user values last.
+Each case builds an optimizer over an FSDP1 cell in an unusual way. Every FSDP1 cell runs each
+case at its smallest world size, full and sharded. The cases:
 
-In detail: counterparts of upstream's ``test_fsdp_optim_state.py`` corners on every FSDP1
-cell, full and sharded: no step taken yet (empty state), parameter order reversed on odd
-ranks, user values (``2.74``, ``None``) in each parameter's state (of Adam, and of SGD
-without momentum, which holds nothing else), and a ``_NamedOptimizer`` keyed by names. Save,
-conversion to load and the round trip through a fresh optimizer must equal the oracle.
+- no step taken yet (empty state);
+- a parameter order that differs between ranks (reversed on odd ranks);
+- user values (``2.74``, ``None``) in each parameter's state, of Adam, and of SGD without
+  momentum, which holds nothing else;
+- a ``_NamedOptimizer`` keyed by names.
+
+Each case holds torch to the oracle in ``FSDP.optim_state_dict`` under the full and the
+sharded config, and in ``FSDP.optim_state_dict_to_load`` of that. A fresh optimizer loaded
+with it must give the saved state back, and the round trip must equal the oracle's. The order
+of names within one parameter's state is not compared here: FSDP1 returns NO_SHARD's entries
+in the optimizer's own order, user values last.
 """
 
 from __future__ import annotations

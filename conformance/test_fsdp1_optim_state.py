@@ -1,20 +1,18 @@
 """FSDP1's optimizer state dicts against the oracle of ``fsdp/_optim_utils.py``.
 
-For every FSDP1 cell (strategies, with and without ``use_orig_params``,
-flat and nested wrapping) and every optimizer that applies to it, after two
-training steps: ``FSDP.optim_state_dict`` under each optimizer state-dict
-config equals ``reference_impl.fsdp_optim_state_dict`` on the same instance,
-key by key and shard by shard. Every optimizer runs at the cell's smallest
-world size; Adam at 4 ranks as well.
+The checks run on every FSDP1 cell (each strategy, with and without ``use_orig_params``, flat
+and nested wrapping) and every optimizer that applies to it. Every optimizer runs at the
+cell's smallest world size; Adam runs at 4 ranks as well. After two training steps:
 
-In detail: ``FSDP.optim_state_dict`` under FULL (every rank, rank 0 only, offloaded) and
-SHARDED optimizer configs against ``reference_impl.fsdp_optim_state_dict``, for every FSDP1
-cell by optimizer (each at the cell's smallest world size, Adam also at 4); and the oracle's
-gathered state against the single-process Adam state. ``FSDP.optim_state_dict_to_load``
-against the oracle's on the same saved state (full and sharded), and an optimizer loaded
-from the oracle's conversion gives back exactly the state that was saved. No two state
-tensors of one rank's result may share memory (every cell by config): an optimizer that
-loads them updates each in place.
+- ``FSDP.optim_state_dict`` under the FULL (every rank, rank 0 only, offloaded) and SHARDED
+  optimizer configs equals ``reference_impl.fsdp_optim_state_dict`` on the same instance. It
+  is compared key by key and shard by shard.
+- The oracle's gathered state equals the single-process Adam state.
+- ``FSDP.optim_state_dict_to_load`` equals the oracle's on the same saved state (full and
+  sharded). An optimizer loaded from the oracle's conversion gives back exactly the state that
+  was saved.
+- No two state tensors of one rank's result may share memory (every cell by config): an
+  optimizer that loads them updates each in place.
 """
 
 from __future__ import annotations

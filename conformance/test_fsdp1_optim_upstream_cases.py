@@ -1,32 +1,33 @@
 """CPU-world counterparts of upstream's ``test/distributed/fsdp/test_fsdp_optim_state.py``.
 
-Upstream's nested model (``Blocks`` here) has an unwrapped root and FSDP1
-wrappers on some blocks and on some of their inner modules, so an
-optimizer holds flat parameters and plain ones side by side. Each case runs
-torch and the oracle on the same instances and asserts identical results;
-where upstream compares with an unwrapped model trained the same way, so do
-these tests (gradients are averaged over ranks, so values agree to float32
-rounding, not bit for bit). Upstream's ``use_optim_input`` variants are the
-deprecated-argument case; its transformer variants are covered by the
-matrix's transformer model; its save/load at half the world size by
-``test_fsdp1_reshard_loads.py`` and the half-world cases here.
+Upstream's nested model (``Blocks`` here) has an unwrapped root, and FSDP1 wrappers on some
+blocks and on some of their inner modules. So an optimizer holds flat parameters and plain
+ones side by side. Each case runs torch and the oracle on the same instances and asserts
+identical results. Where upstream compares with an unwrapped model trained the same way, so
+do these tests. Gradients are averaged over ranks, so those values agree to float32 rounding,
+not bit for bit. Upstream's ``use_optim_input`` variants are the deprecated-argument case.
+Its transformer variants are covered by the matrix's transformer model. Its save/load at half
+the world size is covered by ``test_fsdp1_reshard_loads.py`` and the half-world cases here.
 
-In detail: the rest of upstream's ``test_fsdp_optim_state.py``, on its nested model
-(``Blocks``: an unwrapped root, FSDP1 around some blocks and around some of their inner
-modules). Full, ``rank0_only`` and sharded state with one or two param groups (the root's
-``bias`` in neither) and parameter orders reversed on odd ranks must equal the oracle and an
-unwrapped model trained alike; conversion for another wrapping, with or without
-``use_orig_params``, at the same world size or on half of it, must equal the oracle and that
-model's own state, then load and train on (sharded state of parameters the loading model
-leaves out of FSDP1 stays ShardedTensors, as upstream's test accepts: checked gathered, not
-loaded); optimizer state keys equal the model's state-dict keys with an ignored module and
-checkpoint wrappers; a rank whose optimizer lacks a parameter rank 0 has makes torch raise
-and the oracle raise on every rank, naming the FQN; an unmanaged parameter outside FSDP1 is
-skipped by both conversions, one inside a flat parameter refused by both; a first parameter
-without state; state without ``param_groups``; ``load_directly``; parameters whose
-``requires_grad`` changes between steps; plain layers whose names depend on the rank, under
-Adam and a ``_NamedOptimizer``; the deprecated ``optim_input`` argument (warns, same
-result).
+The cases, the rest of upstream's ``test_fsdp_optim_state.py``:
+
+- Full, ``rank0_only`` and sharded state, with one or two param groups (the root's ``bias``
+  in neither) and parameter orders reversed on odd ranks. These must equal the oracle and an
+  unwrapped model trained alike.
+- Conversion for another wrapping, with or without ``use_orig_params``, at the same world
+  size or on half of it. It must equal the oracle and that model's own state, then load and
+  train on. Sharded state of parameters the loading model leaves out of FSDP1 stays
+  ShardedTensors, as upstream's test accepts: it is checked gathered, not loaded.
+- Optimizer state keys equal the model's state-dict keys, with an ignored module and with
+  checkpoint wrappers.
+- A rank whose optimizer lacks a parameter that rank 0 has makes torch raise. It makes the
+  oracle raise on every rank, naming the FQN.
+- An unmanaged parameter outside FSDP1 is skipped by both conversions. One inside a flat
+  parameter is refused by both.
+- A first parameter without state; state without ``param_groups``; ``load_directly``.
+- Parameters whose ``requires_grad`` changes between steps.
+- Plain layers whose names depend on the rank, under Adam and a ``_NamedOptimizer``.
+- The deprecated ``optim_input`` argument: it warns, and gives the same result.
 """
 
 from __future__ import annotations

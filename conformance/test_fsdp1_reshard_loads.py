@@ -3,10 +3,10 @@
 A checkpoint outlives its job's layout: the next job may wrap the model
 differently (nested or flat, another strategy, with or without
 ``use_orig_params``) or run on fewer ranks. After two Adam steps the saving
-cell's model and optimizer state go through the oracle; the loading cell
+cell's model and optimizer state go through the oracle. The loading cell
 converts the optimizer state by torch's ``FSDP.optim_state_dict_to_load``
-and by the oracle (identical results), loads the oracle's, trains a third
-step, and must then hold exactly what a single process holds after three.
+and by the oracle, with identical results. It loads the oracle's, trains a
+third step, and must then hold exactly what a single process holds after three.
 """
 
 from __future__ import annotations

@@ -1,35 +1,38 @@
 """CPU-world counterparts of upstream's ``test/distributed/fsdp/test_fsdp_state_dict.py``.
 
-Each upstream case runs here with torch and the oracle side by side: the
-state dict torch saves inside ``FSDP.state_dict_type`` must equal
-``reference_impl.fsdp_state_dict`` on the same model (keys compared in
-sorted order: FSDP1's order follows module registration), and what is
-loaded, by ``model.load_state_dict`` and by
-``reference_impl.fsdp_load_state_dict`` alike, into a fresh model whose
-values were zeroed must give the saved model's values back.
+Each upstream case runs here with torch and the oracle side by side. The state dict torch
+saves inside ``FSDP.state_dict_type`` must equal ``reference_impl.fsdp_state_dict`` on the same
+model. Keys are compared in sorted order, since FSDP1's order follows module registration. A
+fresh model whose values were zeroed then loads it, by ``model.load_state_dict`` and by
+``reference_impl.fsdp_load_state_dict`` alike. Each load must give the saved model's values
+back.
 
-Upstream couples ``rank0_only`` with ``offload_to_cpu``; on CPU worlds the
-offload is left out (it moves nothing, and on torch 2.13 it crashes a rank,
-which ``test_upstream_failures.py`` reports), so ``full_rank0_only`` here
-offloads only where the world has accelerators.
+Upstream couples ``rank0_only`` with ``offload_to_cpu``. On CPU worlds the offload is left
+out: it moves nothing, and on torch 2.13 it crashes a rank, which ``test_upstream_failures.py``
+reports. So ``full_rank0_only`` here offloads only where the world has accelerators. Parameter
+CPU offload and ``sync_module_states`` need an accelerator, and skip on CPU worlds with that
+reason.
 
-In detail: cPU-world counterparts of upstream's ``test_fsdp_state_dict.py``, on upstream's
-small models (``conformance/models/fsdp1_small.py``): activation-checkpoint wrappers on the
-saving or loading side, inside FSDP or applied after it, and
-``FSDP(CheckpointWrapper(block))``; tied parameters and a shared module; save and load with
-float16 models and gradients populated, with BatchNorm buffers under mixed precision, with
-buffers cast by the root unit's policy, a child's or both (each buffer follows the unit that
-owns it, and saves in float32), before or after a step (the oracle saves first, on a model
-FSDP1 has not initialised), after six SGD steps; FSDP1 saved and reloaded against DDP's
-training; the keys of each type; loading into the model without FSDP (FSDP and plain roots);
-a module left out of wrapping; ignored modules saved uncopied and uncast, with a key prefix;
-the config type check, the context manager's restore, clean missing/unexpected keys; LOCAL
-with empty ranks, through ``torch.save``, and re-cut from 4 ranks to 2; SHARDED in one-rank
-groups and in a ``cpu:gloo`` multi-backend group. In every case torch's saved state dict
-must equal the oracle's, and torch's load and the oracle's must each give a zeroed model the
-saved values back. Parameter CPU offload and ``sync_module_states`` need an accelerator and
-skip on CPU worlds with that reason; ``rank0_only`` offloads only there (on CPU torch 2.13
-crashes a rank, reported by ``test_upstream_failures.py``).
+The cases run on upstream's small models (``conformance/models/fsdp1_small.py``):
+
+- activation-checkpoint wrappers on the saving or loading side, inside FSDP or applied after
+  it, and ``FSDP(CheckpointWrapper(block))``;
+- tied parameters and a shared module;
+- save and load with float16 models and gradients populated;
+- save and load with BatchNorm buffers under mixed precision;
+- save and load with buffers cast by the root unit's policy, a child's or both; each buffer
+  follows the unit that owns it, and saves in float32;
+- save and load before or after a step (the oracle saves first, on a model FSDP1 has not
+  initialised);
+- save and load after six SGD steps;
+- FSDP1 saved and reloaded against DDP's training;
+- the keys of each type;
+- loading into the model without FSDP (FSDP and plain roots);
+- a module left out of wrapping;
+- ignored modules, saved uncopied and uncast, with a key prefix;
+- the config type check, the context manager's restore, and clean missing/unexpected keys;
+- LOCAL with empty ranks, through ``torch.save``, and re-cut from 4 ranks to 2;
+- SHARDED in one-rank groups and in a ``cpu:gloo`` multi-backend group.
 """
 
 from __future__ import annotations

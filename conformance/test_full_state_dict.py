@@ -3,10 +3,10 @@
 Every rank trains on the same batch, so averaged gradients equal the
 single-process ones and data parallelism is exact, bit for bit, before and
 after training. Tensor parallelism splits each matrix product and sums the
-partial products in another order: float32 results then differ in the last
-bits (about 1e-7 relative) and two optimizer steps carry that forward, so
-TP cells compare within rtol 1e-5 and atol 1e-7 (measured differences stay
-below 1.5e-8 absolute, 1e-6 relative).
+partial products in another order. Float32 results then differ in the last
+bits (about 1e-7 relative), and two optimizer steps carry that forward. So
+TP cells compare within rtol 1e-5 and atol 1e-7. Measured differences stay
+below 1.5e-8 absolute, 1e-6 relative.
 """
 
 from __future__ import annotations

@@ -5,25 +5,33 @@ For each parallelism and set of options, the torch build's
 ``reference_impl.state_dict`` run on the same model instance and must give
 identical results: keys, types, placements, local shards, values.
 
-Torch's ``get_model_state_dict``/``get_optimizer_state_dict`` and the oracle's on the same
-model, for every parallelism and option set (sharded, ``cpu_offload``, ``full_state_dict``,
-both, flattened optimizer state, ``ignore_frozen_params``), compared key by key, placement
-by placement and shard by shard (ShardedTensors by metadata and local shards);
-``set_state_dict`` by torch and by the oracle into fresh models, sharded and full, must
-leave identical models and optimizers; every optimizer by sharded/full/flattened get and
-load; get → set → get is the identity (what loads do to their inputs:
-test_loading_leaves_its_input.py); a key the model lacks makes a strict load raise, naming
-it, and a non-strict load report it, in torch as in the oracle; ``broadcast_from_rank0``,
-with rank 0 alone passing the full model and optimizer dicts (the others ``{}``) to
-``set_model_state_dict`` and ``set_optimizer_state_dict``, into every parallelism (FSDP1
-cells included) by torch and by the oracle, leaves identical models and optimizers holding
-the source's values; a strict broadcast load whose dict lacks a key raises on every rank,
-naming it; the deprecated ``submodules`` selection (``fc2`` alone, its prefix kept or cut by
-``keep_submodule_prefixes``), sharded and full, in every parallelism whose ranks all hold
-``fc2`` (not a pipeline's stages). Under ``broadcast_from_rank0`` rank 0 passes the whole
-model's dicts: on a pipeline, every stage's part, each stage to take its own; the oracle's
-strict broadcast optimizer load refuses state of a parameter no rank holds, on every rank,
-naming it and none another stage holds.
+In detail:
+
+- Torch's ``get_model_state_dict``/``get_optimizer_state_dict`` and the oracle's run on the
+  same model, for every parallelism and option set. The option sets: sharded, ``cpu_offload``,
+  ``full_state_dict``, both, flattened optimizer state, ``ignore_frozen_params``. The results
+  are compared key by key, placement by placement and shard by shard (ShardedTensors by
+  metadata and local shards).
+- ``set_state_dict`` by torch and by the oracle into fresh models, sharded and full, must
+  leave identical models and optimizers.
+- Every optimizer is checked by sharded, full and flattened get and load.
+- Get → set → get is the identity. What loads do to their inputs is judged by
+  test_loading_leaves_its_input.py.
+- A key the model lacks makes a strict load raise, naming it, and a non-strict load report
+  it, in torch as in the oracle.
+- ``broadcast_from_rank0``: rank 0 alone passes the full model and optimizer dicts (the
+  others ``{}``) to ``set_model_state_dict`` and ``set_optimizer_state_dict``. Torch and the
+  oracle load them into every parallelism (FSDP1 cells included). Both leave identical models
+  and optimizers, holding the source's values. A strict broadcast load whose dict lacks a key
+  raises on every rank, naming it.
+- The deprecated ``submodules`` selection: ``fc2`` alone, its prefix kept or cut by
+  ``keep_submodule_prefixes``, sharded and full. It runs in every parallelism whose ranks all
+  hold ``fc2`` (not a pipeline's stages).
+
+Under ``broadcast_from_rank0`` rank 0 passes the whole model's dicts. On a pipeline that is
+every stage's part, and each stage takes its own. The oracle's strict broadcast optimizer load
+refuses state of a parameter no rank holds, on every rank. It names that parameter, and none
+that another stage holds.
 """
 
 from __future__ import annotations

@@ -1,28 +1,31 @@
 """Checkpoints written by other releases load into this build: every golden set, every value.
 
-A golden set (``conformance/golden/<release>/``, written by ``python -m ci.gate.golden``
-under that release; ``GATE_GOLDEN_SETS`` names another directory of sets) holds checkpoints
-of the matrix's model, AdamW and a StepLR scheduler after two steps, and the record of every
-value each holds. Loaded into fresh objects of this build:
+A golden set lies in ``conformance/golden/<release>/``, written by ``python -m ci.gate.golden``
+under that release; ``GATE_GOLDEN_SETS`` names another directory of sets. A set holds
+checkpoints of the matrix's model, AdamW and a StepLR scheduler after two steps. It also holds
+the record of every value each checkpoint holds. Loaded into fresh objects of this build:
 
-- each DCP checkpoint saved by every parallelism family at 1, 2 and 4 ranks by every family
-  at every world size it has: at the writer's own size and resharded to the others; each
-  asynchronously saved one by its writer at its size and by one process;
-- FSDP1's FULL state dicts at every size and into one process, its SHARDED and LOCAL state
-  dicts (model and optimizer, LOCAL the model alone) at the size that wrote them;
+- each DCP checkpoint saved by every parallelism family at 1, 2 and 4 ranks, loaded by every
+  family at every world size it has: at the writer's own size and resharded to the others;
+- each asynchronously saved one, by its writer at its size and by one process;
+- FSDP1's FULL state dicts, at every size and into one process;
+- FSDP1's SHARDED and LOCAL state dicts (model and optimizer, LOCAL the model alone), at the
+  size that wrote them;
 - one process's ``torch.save`` of its model, optimizer and scheduler state.
 
 Every loaded value equals the record bit for bit (the part a rank holds, where ranks hold
-parts); two more steps then equal one process's two steps from the set's ``torch.save``
-state, in this build (within the tensor-parallel tolerances where a writer or reader is
-tensor-parallel), wherever the checkpoint holds that state: a writer whose release trained a
-cell apart from one process (a known divergence of its own) is judged by values alone.
-Loaded by the release that wrote it, one process's steps equal the recorded trajectory too
-(across releases an optimizer's arithmetic may change, which is no incompatibility of the
-checkpoint): bit for bit where this build and machine signature are the writer's, within a
-tolerance of the dtype and the steps on any other machine (``conformance._computed``). A
-failure names the release that wrote the checkpoint, its path in the set, the key and both
-values; a trajectory's failure names both machines.
+parts). Two more steps then equal one process's two steps from the set's ``torch.save`` state,
+in this build, wherever the checkpoint holds that state. Where a writer or reader is
+tensor-parallel, that holds within the tensor-parallel tolerances. A writer whose release
+trained a cell apart from one process (a known divergence of its own) is judged by values
+alone.
+
+Loaded by the release that wrote it, one process's steps equal the recorded trajectory too.
+Across releases an optimizer's arithmetic may change, which is no incompatibility of the
+checkpoint. The trajectory must match bit for bit where this build and machine signature are
+the writer's. On any other machine it must match within a tolerance of the dtype and the steps
+(``conformance._computed``). A failure names the release that wrote the checkpoint, its path
+in the set, the key and both values. A trajectory's failure names both machines.
 """
 
 from __future__ import annotations

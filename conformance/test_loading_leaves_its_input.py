@@ -1,29 +1,33 @@
 """Loads do not touch their inputs, and loading twice is loading once.
 
 Judged against a copy of the input taken before the load and against the state the first
-load left, not against the oracle. Every set and load API reads the state dict it is given:
-after the load that dict is as the caller made it (the same keys and containers, every value
-bit for bit), and loading the same dict again leaves the model (each parameter's local
-values, the buffers) and the optimizer (state and hyper-parameters) exactly as the first load
-did. The second load is given an identical copy, so that it is judged apart from what the
-first did to its input.
+load left, not against the oracle. Every set and load API reads the state dict it is given.
+After the load that dict is as the caller made it: the same keys and containers, every value
+bit for bit. Loading the same dict again leaves the model (each parameter's local values, the
+buffers) and the optimizer (state and hyper-parameters) exactly as the first load did. The
+second load is given an identical copy, so that it is judged apart from what the first did to
+its input.
 
 The loads, by family (one test per cell and family, each load of the family in turn):
-``set_model_state_dict`` and ``set_optimizer_state_dict`` with each option (sharded, full,
-not strict for the model, flattened for the optimizer, and ``broadcast_from_rank0``, where
-rank 0 alone passes the full dict and the others an empty one); ``set_state_dict`` sharded
-and with not strict, full and flattened at once, and, as a family of its own, broadcast from
-rank 0; ``nn.Module.load_state_dict``; on FSDP1 cells, ``load_state_dict`` under each
-state-dict type every rank loads (LOCAL not on ``use_orig_params`` cells, which refuse their
-own local state dict: see test_fsdp1_model_state's manifest entries),
-``optim_state_dict_to_load`` under each, and the legacy ``shard_full_optim_state_dict``,
-``scatter_full_optim_state_dict`` and ``flatten_sharded_optim_state_dict``. Each cell at its
-smallest world size above one and at 4; each input is read after two Adam steps, and one
-more step comes before each load.
 
-A failure names every load of the family that broke the contract: the first key paths where
-its input changed, with both values, or where its second load left another state than the
-first.
+- ``set_model_state_dict`` and ``set_optimizer_state_dict`` with each option: sharded, full,
+  not strict for the model, flattened for the optimizer, and ``broadcast_from_rank0`` (rank 0
+  alone passes the full dict, the others an empty one);
+- ``set_state_dict`` sharded, and with not strict, full and flattened at once;
+- ``set_state_dict`` broadcast from rank 0, as a family of its own;
+- ``nn.Module.load_state_dict``;
+- on FSDP1 cells, ``load_state_dict`` under each state-dict type every rank loads, and
+  ``optim_state_dict_to_load`` under each. LOCAL is not loaded on ``use_orig_params`` cells,
+  which refuse their own local state dict (see test_fsdp1_model_state's manifest entries);
+- on FSDP1 cells, the legacy ``shard_full_optim_state_dict``,
+  ``scatter_full_optim_state_dict`` and ``flatten_sharded_optim_state_dict``.
+
+Each cell runs at its smallest world size above one and at 4. Each input is read after two
+Adam steps, and one more step comes before each load.
+
+A failure names every load of the family that broke the contract. For each, it gives the
+first key paths where its input changed, with both values. Or it gives those where its second
+load left another state than the first.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Errors name the key: a malformed optimizer state dict is refused by its key path.
 
 Judged against what a user can act on, not against the oracle. A cell trains two Adam steps
-and reads its optimizer state dict with ``get_optimizer_state_dict`` (sharded or full, nested
-or flattened; read once per world and kept for every spoil, each spoiling a copy); the dict
-is then spoiled in one way, alike on every rank, and loaded with
+and reads its optimizer state dict with ``get_optimizer_state_dict``: sharded or full, nested
+or flattened. It reads once per world and keeps the dict for every spoil, each spoiling a
+copy. The dict is spoiled in one way, alike on every rank. It is then loaded with
 ``set_optimizer_state_dict`` (strict, the default) into a fresh model and optimizer of the
-same cell, which then trains one step (on a pipeline, the stage holding ``fc1.weight`` is
-given the spoiled dict, and the other stage its own, unspoiled: it must load it). What is
-spoiled, in ``fc1.weight``'s state:
+same cell, which trains one step. On a pipeline, the stage holding ``fc1.weight`` is given
+the spoiled dict, and the other stage its own, unspoiled: it must load it. What is spoiled,
+in ``fc1.weight``'s state:
 
 - ``missing_state``: the parameter's whole state is left out;
 - ``missing_entry``: its ``exp_avg_sq`` is left out;
@@ -18,17 +18,23 @@ spoiled, in ``fc1.weight``'s state:
 
 The control, ``none``, loads the dict as read: it must load, and the next step must run.
 The shape and dtype spoils are made on the full dicts, whose values are plain tensors on
-every cell. The load, or the step after it, must raise an error whose message names the
-parameter (and the entry, where one entry is spoiled), on every rank. The one exception is
-a dtype that can be converted: a load may instead convert it as
-``torch.optim.Optimizer.load_state_dict`` converts state (to the parameter's dtype), and then
-the loaded values must equal the given ones. An error that does not name the key (such as
-pytorch#192224's ``TypeError`` for a flattened dict missing a parameter's state), a spoil
-accepted silently, or ranks that disagree on whether the load failed, is a failure that says
-which rank saw what. Each cell at its smallest world size above one and at 4. The oracle is
-held to the same contract by its own test here (it refuses each spoil by key path before
-loading anything: ``reference_impl/_optim_input.py``); the FSDP1 + TP cell, which it does
-not model, is skipped there.
+every cell. The load, or the step after it, must raise an error on every rank. Its message
+names the parameter, and the entry where one entry is spoiled. The one exception is a dtype
+that can be converted. A load may instead convert it as
+``torch.optim.Optimizer.load_state_dict`` converts state (to the parameter's dtype). Then the
+loaded values must equal the given ones.
+
+Each of these is a failure that says which rank saw what:
+
+- an error that does not name the key, such as pytorch#192224's ``TypeError`` for a
+  flattened dict missing a parameter's state;
+- a spoil accepted silently;
+- ranks that disagree on whether the load failed.
+
+Each cell runs at its smallest world size above one and at 4. The oracle is held to the same
+contract by its own test here. It refuses each spoil by key path before loading anything
+(``reference_impl/_optim_input.py``). The FSDP1 + TP cell, which the oracle does not model, is
+skipped there.
 """
 
 from __future__ import annotations

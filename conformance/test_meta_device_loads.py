@@ -12,24 +12,28 @@ size it has:
 - ``to_empty``: ``model.to_empty(device)``, then ``dcp.load`` of a checkpoint the same cell
   saved.
 
-After the load, every parameter and persistent buffer lies on the rank's device (none is left
-on meta) and holds the single-process value after ``SAVED_AFTER`` steps; an optimizer built
-then and given the full optimizer state (broadcast from rank 0 where the model was) trains on
-to exactly what ``SAVED_AFTER + MORE_STEPS`` single-process steps give. DDP wraps only real
-tensors (it broadcasts rank 0's at construction), so users materialize the model before
-wrapping it: it is not a cell of this module. Non-persistent buffers are in no state dict:
-they stay on meta after a full load, and initializing them is the user's part.
+After the load, every parameter and persistent buffer lies on the rank's device (none is
+left on meta). Each holds the single-process value after ``SAVED_AFTER`` steps. An optimizer
+built then is given the full optimizer state, broadcast from rank 0 where the model was. It
+trains on to exactly what ``SAVED_AFTER + MORE_STEPS`` single-process steps give. DDP wraps
+only real tensors (it broadcasts rank 0's at construction), so users materialize the model
+before wrapping it: it is not a cell of this module. Non-persistent buffers are in no state
+dict: they stay on meta after a full load, and initializing them is the user's part.
 
 A full optimizer load gives a tuple hyper-parameter (Adam's ``betas``) back as a list of the
-same values (``_unflatten_state_dict`` rebuilds every sequence as a list; FSDP1 keeps the
-tuple): hyper-parameters are compared as values. On 2.13.0 the module finds, as known
-divergences: FSDP1 at 4 ranks, where rank 3 holds no chunk of ``fc2``, cannot ``dcp.load``
-after ``to_empty``; FSDP1 + TP refuses a full model state dict into the model it
-materialized ("aten.copy_.default got mixed torch.Tensor and DTensor") and chunks TP-sharded
-optimizer state as if whole; FSDP2 + TP cannot take a full state dict given on every rank
-(``_distribute_state_dict`` and ``_StridedShard``, pytorch#136228), though broadcast from
-rank 0 it loads exactly. The mutant ``meta_model_load_leaves_a_buffer_on_meta`` (a persistent
-buffer left on meta after the load) is seen by this module only.
+same values. The reason: ``_unflatten_state_dict`` rebuilds every sequence as a list, while
+FSDP1 keeps the tuple. So hyper-parameters are compared as values. On 2.13.0 the module finds
+these known divergences:
+
+- FSDP1 at 4 ranks, where rank 3 holds no chunk of ``fc2``, cannot ``dcp.load`` after
+  ``to_empty``.
+- FSDP1 + TP refuses a full model state dict into the model it materialized ("aten.copy_.default
+  got mixed torch.Tensor and DTensor"). It also chunks TP-sharded optimizer state as if whole.
+- FSDP2 + TP cannot take a full state dict given on every rank (``_distribute_state_dict`` and
+  ``_StridedShard``, pytorch#136228). Broadcast from rank 0, it loads exactly.
+
+The mutant ``meta_model_load_leaves_a_buffer_on_meta`` (a persistent buffer left on meta
+after the load) is seen by this module only.
 """
 
 from __future__ import annotations

@@ -1,25 +1,30 @@
 """The matrix's models beyond the plain MLP, across the parallelisms.
 
-Tied embeddings, frozen parameters, extra state, a small transformer, and the
-MLP and transformer under activation checkpointing and ``torch.compile``: each
-wrapped by the cells below must give the single-process state dicts, agree with
-the oracle, and load back what it saved. Each cell runs at the smallest world
-size it has above one rank. Tensor-parallel cells compare within the tolerances
-of ``comparison_tolerance``; every other cell is exact.
+The models:
 
-Tied embeddings (one parameter, two FQNs), frozen parameters (``fc1`` frozen), extra state
-(``get_extra_state``), a small transformer (``conformance/models/transformer.py``: two blocks of
-causal attention and a feed-forward layer whose width 10 splits unevenly, layer norms,
-Megatron-style TP plan), and the MLP and transformer under activation checkpointing
-(``*_checkpointed``) and ``torch.compile`` with the eager backend (``*_compiled``). Each
-runs in ``ddp``, FSDP1 (FULL_SHARD orig/flat nested, SHARD_GRAD_OP flat, HYBRID_SHARD orig
-nested), ``fsdp2``, ``fsdp2_keep_unsharded``, ``hsdp2``, ``tp`` and ``fsdp2_tp`` where the
-model allows it (the reason is the skip's: no TP plan, frozen and trainable parameters in
-one flat parameter), at the cell's smallest world size above one: full state dicts equal the
-single-process ones; torch's and the oracle's get agree (sharded, full,
-``ignore_frozen_params``); and torch's set loads back what torch's get saved after one more
-step. Every model is also saved through DCP at 4 ranks (FSDP2, HSDP2) and loaded at 2 (FSDP1
-FULL_SHARD orig nested, DDP) and at 1 (rank 0 alone): the full state is the saved one.
+- tied embeddings (one parameter, two FQNs);
+- frozen parameters (``fc1`` frozen);
+- extra state (``get_extra_state``);
+- a small transformer (``conformance/models/transformer.py``): two blocks of causal attention
+  and a feed-forward layer whose width 10 splits unevenly, layer norms, Megatron-style TP plan;
+- the MLP and transformer under activation checkpointing (``*_checkpointed``);
+- the MLP and transformer under ``torch.compile`` with the eager backend (``*_compiled``).
+
+Each model runs in ``ddp``, FSDP1 (FULL_SHARD orig/flat nested, SHARD_GRAD_OP flat,
+HYBRID_SHARD orig nested), ``fsdp2``, ``fsdp2_keep_unsharded``, ``hsdp2``, ``tp`` and
+``fsdp2_tp``, where the model allows it. Where it does not, the skip gives the reason: no TP
+plan, or frozen and trainable parameters in one flat parameter. Each cell runs at the smallest
+world size it has above one rank. There each wrapped model must give the single-process state
+dicts, agree with the oracle, and load back what it saved:
+
+- full state dicts equal the single-process ones;
+- torch's and the oracle's get agree (sharded, full, ``ignore_frozen_params``);
+- torch's set loads back what torch's get saved after one more step.
+
+Tensor-parallel cells compare within the tolerances of ``comparison_tolerance``; every other
+cell is exact. Every model is also saved through DCP at 4 ranks (FSDP2, HSDP2). It is loaded
+at 2 ranks (FSDP1 FULL_SHARD orig nested, DDP) and at 1 (rank 0 alone), and the full state is
+the saved one.
 """
 
 from __future__ import annotations

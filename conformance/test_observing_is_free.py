@@ -1,19 +1,24 @@
 """Observing is free: reading a state dict leaves training exactly as it was.
 
-Judged against the same training without the reads, not against the oracle: every read of
-a model's or an optimizer's state dict (``get_model_state_dict``, ``get_optimizer_state_dict``
-and ``get_state_dict`` with and without every option; ``nn.Module.state_dict``; FSDP1's
-state-dict types, ``optim_state_dict`` and its legacy optimizer APIs) must leave the model,
-its gradients, the optimizer and the scheduler bit for bit as they were, right after the
-read and over the steps that follow. Reads happen before the first step, between steps and
-after a ``zero_grad``, on every cell at its smallest world size above one and at 4, with
-Adam, AdamW, SGD with momentum, and AdamW under a StepLR scheduler (model reads, which do
-not touch the optimizer, under the last only, at every moment in one run).
+Judged against the same training without the reads, not against the oracle. The reads of a
+model's or an optimizer's state dict:
+
+- ``get_model_state_dict``, ``get_optimizer_state_dict`` and ``get_state_dict``, with and
+  without every option;
+- ``nn.Module.state_dict``;
+- FSDP1's state-dict types, ``optim_state_dict`` and its legacy optimizer APIs.
+
+Every read must leave the model, its gradients, the optimizer and the scheduler bit for bit
+as they were. That holds right after the read and over the steps that follow. Reads happen
+before the first step, between steps and after a ``zero_grad``. Each cell runs at its
+smallest world size above one and at 4. The optimizers are Adam, AdamW, SGD with momentum,
+and AdamW under a StepLR scheduler. Model reads, which do not touch the optimizer, run under
+the last only, at every moment in one run.
 
 A read may build state lazily (an optimizer's zero state) so long as training does not
 change. A failure names the first step at which the trajectories part, the key and both
-values, and below it each read that changed the training state right away, with the moment,
-the key and both values.
+values. Below that, it lists each read that changed the training state right away, with the
+moment, the key and both values.
 """
 
 from __future__ import annotations

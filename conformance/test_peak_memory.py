@@ -1,19 +1,23 @@
 """Memory is part of the contract: each state-dict operation's peak per rank stays in its bound.
 
-Every parallelism of the matrix at 2 and 4 ranks builds ``conformance.models.sized`` (about
-40 MiB of parameters, 120 MiB with Adam's state, per world), takes one step, and runs each
-utility of ``torch/distributed/_state_dict_utils.py`` on its state dicts;
-``get_model_state_dict`` / ``get_optimizer_state_dict`` / ``set_*`` with every combination of
-``full_state_dict``, ``cpu_offload`` and ``broadcast_from_rank0``; ``dcp.save`` and
-``dcp.load`` of the sharded state dicts; and, on FSDP1, ``FSDP.optim_state_dict`` under
-each FULL and SHARDED config and ``FSDP.optim_state_dict_to_load`` of its results; measuring
-every rank's peak over its own baseline (``harness.memory``). The bound of each call comes
-from the contract and the tensors' sizes and placements alone
-(``reference_impl.peak_memory``), plus a measured slack (``conformance._memory.SLACK_BYTES``):
-a build that returns the right values while holding one more copy of the model fails here.
-A failure names the rank, the operation, the measured peak, the bound, and the bytes of the
-largest tensor and of the whole state dict. Values are judged elsewhere
-(``test_state_dict_utils.py``).
+Every parallelism of the matrix at 2 and 4 ranks builds ``conformance.models.sized`` and takes
+one step. That model has about 40 MiB of parameters, 120 MiB with Adam's state, per world.
+Then it runs these on its state dicts:
+
+- each utility of ``torch/distributed/_state_dict_utils.py``;
+- ``get_model_state_dict`` / ``get_optimizer_state_dict`` / ``set_*`` with every combination
+  of ``full_state_dict``, ``cpu_offload`` and ``broadcast_from_rank0``;
+- ``dcp.save`` and ``dcp.load`` of the sharded state dicts;
+- on FSDP1, ``FSDP.optim_state_dict`` under each FULL and SHARDED config, and
+  ``FSDP.optim_state_dict_to_load`` of its results.
+
+Every rank's peak is measured over its own baseline (``harness.memory``). The bound of each
+call comes from the contract and the tensors' sizes and placements alone
+(``reference_impl.peak_memory``). A measured slack is added
+(``conformance._memory.SLACK_BYTES``). So a build that returns the right values while holding
+one more copy of the model fails here. A failure names the rank, the operation, the measured
+peak, the bound, and the bytes of the largest tensor and of the whole state dict. Values are
+judged elsewhere (``test_state_dict_utils.py``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,28 @@
 """Pipeline stages hold their own layers alone, under the whole model's names.
 
-The ``pp`` cell (``conformance/_pipeline.py``) splits the matrix's MLP into two stages, ``fc1``
-and the scale after it, then ``fc2``: at 2 ranks one stage each, at 4 ranks each stage on two
-data-parallel ranks. Every other check module judges it like any cell, against the part of
-the single-process state its stage holds; loads from rank 0 hand rank 0 the whole model's
-dicts, as a user loading a whole checkpoint into a pipeline does. Its checkpoints carry the
-optimizer state flattened (``flatten_optimizer_state_dict``), the form upstream gives for
-MPMD, and cross to and from other cells in that form (``test_resuming_commutes_with_training``:
-saved by two stages of two ranks, resumed by one process and by FSDP2 at 2 ranks; saved by
-FSDP2, resumed by two stages; saved at 4 ranks, resumed at 2).
+The ``pp`` cell (``conformance/_pipeline.py``) splits the matrix's MLP into two stages:
+``fc1`` and the scale after it, then ``fc2``. At 2 ranks each stage has one rank; at 4 ranks
+each stage is on two data-parallel ranks. Every other check module judges it like any cell,
+against the part of the single-process state its stage holds. Loads from rank 0 hand rank 0
+the whole model's dicts, as a user loading a whole checkpoint into a pipeline does. Its
+checkpoints carry the optimizer state flattened (``flatten_optimizer_state_dict``), the form
+upstream gives for MPMD. They cross to and from other cells in that form, in
+``test_resuming_commutes_with_training``:
 
-Here: after two steps, each rank's model state dict (sharded and full) holds exactly its
-stage's keys under their names in the whole model (never renumbered, never another stage's),
-its optimizer state the state of its stage's parameters alone, and every stage's part
-together is the single-process state, bit for bit. And the nested optimizer state (the
-default form) of a pipeline saved through DCP and resumed: each stage saves its param groups
-under the same keys with its own parameter names; a correct build keeps every stage's, so
-the resumed stages train on as one process.
+- saved by two stages of two ranks, resumed by one process and by FSDP2 at 2 ranks;
+- saved by FSDP2, resumed by two stages;
+- saved at 4 ranks, resumed at 2.
+
+Here, after two steps:
+
+- each rank's model state dict (sharded and full) holds exactly its stage's keys, under their
+  names in the whole model (never renumbered, never another stage's);
+- its optimizer state holds the state of its stage's parameters alone;
+- every stage's part together is the single-process state, bit for bit.
+
+Also, the nested optimizer state (the default form) of a pipeline is saved through DCP and
+resumed. Each stage saves its param groups under the same keys, with its own parameter names.
+A correct build keeps every stage's, so the resumed stages train on as one process.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Save, load, train commutes with train: resuming from a checkpoint changes nothing.
 
-Judged against training that never stopped, not against the oracle. A checkpoint taken
-through DCP after ``k`` steps (the model, the optimizer and the scheduler, as a training
-loop keeps them) and loaded into fresh objects, then ``n`` more steps, must give what
+Judged against training that never stopped, not against the oracle. A checkpoint is taken
+through DCP after ``k`` steps: the model, the optimizer and the scheduler, as a training loop
+keeps them. It is loaded into fresh objects, which train ``n`` more steps. They must give what
 ``k + n`` steps give without the round trip:
 
-- in the same cell at the same world size, bit for bit, after every one of the ``n`` steps:
-  each parameter's local values and gradient, the buffers, the optimizer's state and
-  hyper-parameters and the scheduler's state; every cell at its smallest world size above
-  one and at 4, with Adam, AdamW, SGD with momentum and AdamW under a StepLR scheduler, saved
-  before the first step (an optimizer with no state yet) and after two steps; with a frozen
-  layer (no gradient, no optimizer state), and with Adam's per-layer groups around an empty
-  group, saved after two steps;
-- saved at 4 ranks by one cell and loaded by another at 4, 2 or 1 ranks (rank 0 alone):
-  the full model, optimizer state and hyper-parameters after the ``n`` steps equal the
-  single-process run's after ``k + n``, within the tensor-parallel tolerances where a cell
-  is tensor-parallel.
+- In the same cell at the same world size, bit for bit, after every one of the ``n`` steps.
+  The comparison covers each parameter's local values and gradient, the buffers, the
+  optimizer's state and hyper-parameters, and the scheduler's state. Every cell runs at its
+  smallest world size above one and at 4. The optimizers are Adam, AdamW, SGD with momentum
+  and AdamW under a StepLR scheduler. The saves come before the first step (an optimizer with
+  no state yet) and after two steps. Also saved after two steps: a model with a frozen layer
+  (no gradient, no optimizer state), and Adam's per-layer groups around an empty group.
+- Saved at 4 ranks by one cell and loaded by another at 4, 2 or 1 ranks (rank 0 alone). The
+  full model, optimizer state and hyper-parameters after the ``n`` steps equal the
+  single-process run's after ``k + n``. Where a cell is tensor-parallel, they compare within
+  the tensor-parallel tolerances.
 
 A failure names the first step at which the trajectories part, the key and both values.
 """

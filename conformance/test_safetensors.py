@@ -4,24 +4,27 @@ Each cell trains ``SAVED_AFTER`` steps and saves its model's state through
 ``HuggingFaceStorageWriter``, in one of three layouts:
 
 - ``consolidated``: every rank writes its pieces (``save_distributed``), and the save joins
-  them into whole tensors (``enable_consolidation``), in two files chosen by
-  ``fqn_to_index_mapping`` (``fc1``'s tensors in the first, the rest in the second), with the
-  ``model.safetensors.index.json`` that maps each key to its file;
-- ``sharded``: every rank writes its pieces, not joined;
+  them into whole tensors (``enable_consolidation``). They go in two files chosen by
+  ``fqn_to_index_mapping``: ``fc1``'s tensors in the first, the rest in the second. The
+  ``model.safetensors.index.json`` maps each key to its file.
+- ``sharded``: every rank writes its pieces, not joined.
 - ``rank0_full``: the full state dict saved by rank 0 alone (``no_dist``), as a model is
   published.
 
 The state is saved in ``float32`` and, cast piece by piece, in ``bfloat16``. Where the files
 hold whole tensors (``consolidated``, ``rank0_full``), the ``safetensors`` package reads them
-on rank 0: every key of the model, in its dtype and shape, holding exactly the saving model's
-full state (itself the single-process state after ``SAVED_AFTER`` steps, within the cell's
-tolerance) cast to that dtype, and the index names the file each key lies in. In every layout,
-fresh objects of the same cell load the files through ``HuggingFaceStorageReader`` into their
-own (sharded) state dict: the model then holds exactly those values. A build without the
-writer, without the options a layout needs (2.8's writer has neither ``save_distributed`` nor
-``enable_consolidation``), or without the ``safetensors`` package skips, naming what is
-missing. The mutant ``safetensors_written_in_float32`` (a writer that stores a ``bfloat16``
-tensor as ``float32``) is seen by this module only.
+on rank 0. They must hold every key of the model, in its dtype and shape. Each key holds
+exactly the saving model's full state cast to that dtype. That full state is itself the
+single-process state after ``SAVED_AFTER`` steps, within the cell's tolerance. The index names
+the file each key lies in.
+
+In every layout, fresh objects of the same cell load the files through
+``HuggingFaceStorageReader`` into their own (sharded) state dict. The model then holds exactly
+those values. A build skips, naming what is missing, if it lacks the writer, the options a
+layout needs, or the ``safetensors`` package. The writer of 2.8 has neither
+``save_distributed`` nor ``enable_consolidation``. The mutant
+``safetensors_written_in_float32`` (a writer that stores a ``bfloat16`` tensor as ``float32``)
+is seen by this module only.
 """
 
 from __future__ import annotations

@@ -5,24 +5,30 @@ Each property is searched by rank 0's hypothesis and checked on every rank
 shrinks, on all of them. The falsifying example is printed in rank 0's
 captured output; the other ranks' errors carry it as a note.
 
-Every function of torch's ``torch/distributed/_state_dict_utils.py`` against the oracle
-(``reference_impl``; ``_copy_state_dict`` blocking and non-blocking) on generated nested state
-dicts at world sizes 1, 2 and 4. The generated state dicts hold tensors (zero-dim, empty,
-non-contiguous, five dtypes), DTensors on real meshes (FSDP ``[Shard(n)]``, HSDP
-``[Replicate(), Shard(0)]``, 2-D ``[Shard(0), Shard(1)]`` and ``[Shard(0), Replicate()]``,
-FSDP2+TP ``[_StridedShard(0, sf=2), Shard(0)]``, uneven shapes and empty local shards), lists,
-tuples, and int, float, str, bytes, ``BytesIO`` and None leaves. Results must match in
-structure, types, devices, dtypes, placements and values, and in aliasing where the contract
-promises it. The oracle is also held to a ground truth: each DTensor gathers to the tensor it
-was built from, and a real FSDP2+TP model's state dict to the single-process model's. Property
-tests use hypothesis on rank 0 only: it broadcasts each example, every rank checks it, and the
-ranks agree on its outcome, so a failure on any rank fails and shrinks the search, and all
-ranks always run the same collectives. (Hypothesis mixes constants from the loaded modules into
-its draws; separate searches per rank diverged and hung.) Every module of the suite is loaded
-before a search, so a test draws the same examples alone or after others. The falsifying
-example is printed in full in rank 0's output and as a note on the other ranks' errors.
-Functions missing from the torch under test are skipped, naming the function and the torch
-version.
+Every function of torch's ``torch/distributed/_state_dict_utils.py`` is checked against the
+oracle (``reference_impl``; ``_copy_state_dict`` blocking and non-blocking). The checks run on
+generated nested state dicts at world sizes 1, 2 and 4. The generated state dicts hold:
+
+- tensors: zero-dim, empty, non-contiguous, five dtypes;
+- DTensors on real meshes: FSDP ``[Shard(n)]``, HSDP ``[Replicate(), Shard(0)]``, 2-D
+  ``[Shard(0), Shard(1)]`` and ``[Shard(0), Replicate()]``, FSDP2+TP
+  ``[_StridedShard(0, sf=2), Shard(0)]``, uneven shapes and empty local shards;
+- lists and tuples;
+- int, float, str, bytes, ``BytesIO`` and None leaves.
+
+Results must match in structure, types, devices, dtypes, placements and values. They must also
+match in aliasing where the contract promises it. The oracle is also held to a ground truth:
+each DTensor gathers to the tensor it was built from. And a real FSDP2+TP model's state dict
+gathers to the single-process model's.
+
+Property tests use hypothesis on rank 0 only. It broadcasts each example, every rank checks
+it, and the ranks agree on its outcome. So a failure on any rank fails and shrinks the search,
+and all ranks always run the same collectives. Hypothesis mixes constants from the loaded
+modules into its draws, so separate searches per rank diverged and hung. Every module of the
+suite is loaded before a search, so a test draws the same examples alone or after others. The
+falsifying example is printed in full in rank 0's output and as a note on the other ranks'
+errors. Functions missing from the torch under test are skipped, naming the function and the
+torch version.
 """
 
 from __future__ import annotations
