@@ -32,3 +32,10 @@ def test_an_id_of_no_world_runs_at_size_one_and_has_no_parameters() -> None:
 )
 def test_the_world_size_is_the_first_parameter_of_the_form_w_n(nodeid, size) -> None:
     assert node_ids.world_size_in(nodeid) == size
+
+
+def test_an_id_names_its_test_and_the_parallelisms_among_its_parameters() -> None:
+    assert node_ids.name_of(WORLD_ID) == "test_y[w4-ddp-adam]"
+    assert node_ids.name_of(PLAIN_ID) == "test_plain"
+    assert node_ids.parallelisms_of(WORLD_ID, ["fsdp2", "ddp"]) == ["ddp"]
+    assert node_ids.parallelisms_of(PLAIN_ID, ["ddp"]) == []

@@ -20,6 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ci.gate.node_ids import function_of
 from ci.gate.results import GateResults, TestResult
 from conformance.divergences import Divergence, Holding, Unsafe, id_matches, to_toml
 
@@ -27,7 +28,7 @@ from conformance.divergences import Divergence, Holding, Unsafe, id_matches, to_
 def _tests(group: list[TestResult], everything: list[str]) -> tuple[str, ...]:
     """One wildcard pattern for ``group`` (one test function, one cell, one cause) where it
     matches nothing else of the run; else each id itself."""
-    function = group[0].nodeid.split("[", 1)[0]
+    function = function_of(group[0].nodeid)
     if len(group) > 1 and "[" in group[0].nodeid:
         pattern = f"{function}[*{group[0].parallelism}*]"
         members = {test.nodeid for test in group}
@@ -50,7 +51,7 @@ def divergences(results: GateResults, link: str) -> list[Divergence]:
     groups: dict[tuple[str, str, str], list[TestResult]] = defaultdict(list)
     for test in results.tests:
         if test.outcome in ("failed", "error"):
-            groups[test.nodeid.split("[", 1)[0], test.parallelism, test.cause].append(test)
+            groups[function_of(test.nodeid), test.parallelism, test.cause].append(test)
     return [
         Divergence(
             id=f"adopted-{number}",

@@ -4,6 +4,7 @@ function, parameters and world size (``conformance/test_x.py::test_y[w4-ddp-adam
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _WORLD_SIZE = re.compile(r"\[w(\d+)")  # ``[w4-ddp]``: the world size an id names
 
@@ -18,6 +19,11 @@ def module_of(nodeid: str) -> str:
     return path_of(nodeid).rsplit("/", 1)[-1].removesuffix(".py")
 
 
+def name_of(nodeid: str) -> str:
+    """``conformance/test_x.py::t[w2-ddp]`` -> ``t[w2-ddp]``."""
+    return nodeid.partition("::")[2]
+
+
 def function_of(nodeid: str) -> str:
     """``conformance/test_x.py::t[w2-ddp]`` -> ``conformance/test_x.py::t``."""
     return nodeid.split("[", 1)[0]
@@ -27,6 +33,12 @@ def params_of(nodeid: str) -> list[str]:
     """``...::t[w2-ddp-adam]`` -> ``["w2", "ddp", "adam"]``; ``[]`` for an id of none."""
     inside = nodeid.partition("[")[2].rstrip("]")
     return inside.split("-") if inside else []
+
+
+def parallelisms_of(nodeid: str, parallelisms: Iterable[str]) -> list[str]:
+    """The parameters of an id that name one of ``parallelisms``, in the id's order."""
+    known = set(parallelisms)
+    return [param for param in params_of(nodeid) if param in known]
 
 
 def world_size_in(nodeid: str) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.gate.node_ids import module_of, params_of
+from ci.gate.node_ids import module_of, name_of, parallelisms_of, path_of
 from ci.gate.results import (
     NO_PARALLELISM,
     GateResults,
@@ -59,7 +59,7 @@ def classify(nodeid: str, parallelisms: frozenset[str]) -> tuple[str, str]:
     """(check, parallelism) of a test id: the module without ``test_``, and the first
     parameter that names a parallelism of the matrix."""
     check = module_of(nodeid).removeprefix("test_")
-    named = [param for param in params_of(nodeid) if param in parallelisms]
+    named = parallelisms_of(nodeid, parallelisms)
     return check, named[0] if named else NO_PARALLELISM
 
 
@@ -260,9 +260,8 @@ class GateRecorder:
         """The command that reruns ``nodeid`` alone, with the options that change its outcome."""
         # Node ids are relative to the rootdir; the command runs where the gate's pytest ran.
         invoked_in = self.config.invocation_params.dir
-        path, _, name = nodeid.partition("::")
-        where = os.path.relpath(self.config.rootpath / path, invoked_in)
-        args = ["python", "-m", "pytest", f"{where}::{name}", "-p", "harness.plugin"]
+        where = os.path.relpath(self.config.rootpath / path_of(nodeid), invoked_in)
+        args = ["python", "-m", "pytest", f"{where}::{name_of(nodeid)}", "-p", "harness.plugin"]
         args.append(f"--world-backend={self._world_kind.backend}")
         args.append(f"--world-device={self._world_kind.device_type}")
         manifests = self.config.getoption("manifest", None) or []

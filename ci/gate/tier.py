@@ -19,11 +19,11 @@ import argparse
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from ci.gate.durations import RECORDED
-from ci.gate.node_ids import function_of, module_of, params_of, world_size_of
+from ci.gate.node_ids import function_of, module_of, parallelisms_of, world_size_of
 from ci.gate.target import SUITE_ROOT
 
 QUICK_TIER = Path(__file__).parent / "quick-tier.txt"
@@ -39,12 +39,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "async": ("test_async_saves", "test_async_save_failures", "test_async_staging"),
     "memory": ("test_peak_memory",),
 }
-
-
-def parallelisms_of(nodeid: str, parallelisms: Iterable[str]) -> list[str]:
-    """The parallelisms of the matrix an id's parameters name."""
-    known = set(parallelisms)
-    return [param for param in params_of(nodeid) if param in known]
 
 
 def cell_family(parallelism: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from html import escape
 
 from ci.gate import report_html, report_markdown
+from ci.gate.node_ids import name_of
 from ci.releases.table import ReleaseMap
 
 TITLE = "Known divergences of upstream's state-dict code, by torch release"
@@ -72,7 +73,7 @@ def _golden_rows(release_map: ReleaseMap) -> list[list[str]]:
             run.release,
             loads.written_by,
             f"{len(loads.failed)} of {loads.checks}",
-            ", ".join(nodeid.partition("::")[2] for nodeid in loads.failed) or "all load",
+            ", ".join(name_of(nodeid) for nodeid in loads.failed) or "all load",
         ]
         for run in release_map.runs
         for loads in run.golden
