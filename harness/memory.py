@@ -195,8 +195,10 @@ def _threads_held(count: int) -> Iterator[None]:
         yield
     finally:
         for tid in _threads():
-            if before.get(tid, whole) is not None:
-                _set_affinity(tid, before.get(tid) or whole)
+            if tid not in before:  # started while held
+                _set_affinity(tid, whole)
+            elif (cpus := before[tid]) is not None:
+                _set_affinity(tid, cpus)
 
 
 def _threads() -> list[int]:
