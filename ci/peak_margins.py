@@ -3,7 +3,7 @@
     python -m ci.peak_margins [--runs 3] [--world-sizes 2,4] [--out peak-margins.json] \\
         [-- PYTEST_ARGS]
 
-runs ``conformance/test_peak_memory.py`` ``--runs`` times in a row on gloo, each rank
+runs ``conformance/checks/test_peak_memory.py`` ``--runs`` times in a row on gloo, each rank
 logging every measured call (``CONFORMANCE_PEAK_LOG``), and prints for each operation the
 largest measured-to-bound ratio seen (peak over bound with its slack) and where: the margin a
 flaky bound would lack. Exits 1 when a run failed.
@@ -23,7 +23,7 @@ from typing import Any
 from ci.gate.target import SUITE_ROOT
 from conformance import PEAK_LOG
 
-MODULE = "conformance/test_peak_memory.py"
+MODULE = "conformance/checks/test_peak_memory.py"
 
 
 def run_checks(

@@ -7,9 +7,9 @@ suite's own tests import its private modules directly.
 from __future__ import annotations
 
 from conformance import _golden as golden
-from conformance._memory import PEAK_LOG
-from conformance._parallelisms import PARALLELISMS, Parallelism
 from conformance._upstream import EXERCISED_APIS, dcp, dsd, lookup, sdu
+from conformance.cells import PARALLELISMS, Parallelism
+from conformance.compare import PEAK_LOG
 from conformance.divergences.session import (
     UPSTREAM_MANIFEST,
     judges_staleness,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 SUITE_DIR = Path(__file__).resolve().parent
 CATALOGUE = SUITE_DIR / "CATALOGUE.md"
+CHECKS_DIR = SUITE_DIR / "checks"
 HEADER = (
     "# Catalogue of checks\n\n"
     "<!-- made by `python -m conformance._catalogue` from the test modules' docstrings; "
@@ -29,10 +30,10 @@ def _markdown(docstring: str) -> str:
     return re.sub(r"``([^`]+)``", r"`\1`", docstring)
 
 
-def catalogue(suite_dir: Path = SUITE_DIR) -> str:
+def catalogue(checks_dir: Path = CHECKS_DIR) -> str:
     """The file's text: a header, then one section per test module, its docstring."""
     sections = [HEADER]
-    for module in sorted(suite_dir.glob("test_*.py")):
+    for module in sorted(checks_dir.glob("test_*.py")):
         docstring = ast.get_docstring(ast.parse(module.read_text()))
         if not docstring:
             raise ValueError(f"{module.name} has no docstring: say what it checks")

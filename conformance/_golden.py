@@ -6,10 +6,10 @@ release, torch's version and git hash, the suite's commit, the signature of the 
 wrote it (``harness.machine``), and for every checkpoint its files' hashes and every value it
 holds: for each key path the dtype, shape, hash of the bytes and first values of a tensor, or
 the value itself. ``python -m ci.gate.golden`` writes a set;
-``conformance/test_golden_checkpoints.py`` loads every set into the build under test and
+``conformance/checks/test_golden_checkpoints.py`` loads every set into the build under test and
 holds each loaded value to the record, bit for bit. What one process computed after the
 checkpoint (its trajectory) is kept whole beside the record (``TRAJECTORY``), so that
-another machine can hold its own steps to it within a tolerance (``conformance._computed``).
+another machine can hold its own steps to it within a tolerance (``conformance.compare._computed``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Literal
 import torch
 from packaging.version import Version
 
-from conformance._held import every_rank, holds_a_part
 from conformance._upstream import dcp_formats, dsd, full_options
+from conformance.compare import every_rank, holds_a_part
 from harness.machine import MachineSignature
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

@@ -30,6 +30,7 @@ SUITE_DIR = Path(__file__).resolve().parent
 MAP = SUITE_DIR / "upstream_map.toml"
 PAGE = SUITE_DIR / "UPSTREAM-MAP.md"
 README = SUITE_DIR / "README.md"
+CHECKS_DIR = SUITE_DIR / "checks"
 BEGIN = (
     "<!-- upstream map counts: made by `python -m conformance._upstream_map`; "
     "edit upstream_map.toml -->"
@@ -101,10 +102,10 @@ def load(path: Path = MAP) -> tuple[UpstreamFile, ...]:
     return tuple(files)
 
 
-def existing_checks(suite_dir: Path = SUITE_DIR) -> set[str]:
+def existing_checks(checks_dir: Path = CHECKS_DIR) -> set[str]:
     """Every ``module.py::test_function`` defined at the top of a test module of the suite."""
     found = set()
-    for module in suite_dir.glob("test_*.py"):
+    for module in checks_dir.glob("test_*.py"):
         for node in ast.parse(module.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 found.add(f"{module.name}::{node.name}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance._parallelisms import PARALLELISMS
+from conformance.cells import PARALLELISMS
 from conformance.divergences.session import lifted_markers, marker, resolution
 
 

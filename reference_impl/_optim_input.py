@@ -1,7 +1,7 @@
 """Checks of an optimizer state dict given to a load, each naming the key it finds wrong.
 
 Upstream's loads accept some malformed inputs silently or fail later without a key (see
-``conformance/test_malformed_loads_name_the_key.py``); the oracle follows the contract a user
+``conformance/checks/test_malformed_loads_name_the_key.py``); the oracle follows the contract a user
 relies on instead: a strict load refuses, before anything is loaded and alike on every rank,
 state for a parameter the model does not have, a parameter's state without an entry its
 optimizer keeps, and a tensor entry of another shape than the optimizer keeps.

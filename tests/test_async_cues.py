@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from conformance._async import (
+from conformance.training import (
     STAGINGS,
     CuedStagingWriter,
     CuedWriter,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance._computed import ULPS_PER_STEP, computed_differences, tolerance
+from conformance.compare import ULPS_PER_STEP, computed_differences, tolerance
 
 RECORDED = torch.tensor([0.5, -0.25, 2.0, 1e-6])
 LARGEST = 2.0

@@ -18,24 +18,24 @@ from tests.test_gate import gate_on_inner_suite, inner_suite
 pytestmark = pytest.mark.slow
 
 IDS = [
-    "conformance/test_a.py::t[w1]",
-    "conformance/test_a.py::t[w2-ddp]",
-    "conformance/test_a.py::u[w2-fsdp2]",
-    "conformance/test_a.py::t[w4-ddp]",
-    "conformance/test_b.py::t[w2]",
-    "conformance/test_b.py::v[w2]",
-    "conformance/test_c.py::t[w4-tp]",
-    "conformance/test_d.py::plain",
+    "conformance/checks/test_a.py::t[w1]",
+    "conformance/checks/test_a.py::t[w2-ddp]",
+    "conformance/checks/test_a.py::u[w2-fsdp2]",
+    "conformance/checks/test_a.py::t[w4-ddp]",
+    "conformance/checks/test_b.py::t[w2]",
+    "conformance/checks/test_b.py::v[w2]",
+    "conformance/checks/test_c.py::t[w4-tp]",
+    "conformance/checks/test_d.py::plain",
 ]
 DURATIONS = {
-    "conformance/test_a.py::t[w1]": 4.0,
-    "conformance/test_a.py::t[w2]": 4.0,
-    "conformance/test_a.py::t[w4]": 4.0,
-    "conformance/test_a.py::u[w2]": 1.0,
-    "conformance/test_b.py::t[w2]": 3.0,
-    "conformance/test_b.py::v[w2]": 3.0,
-    "conformance/test_c.py::t[w4]": 5.0,
-    "conformance/test_d.py::plain": 0.5,
+    "conformance/checks/test_a.py::t[w1]": 4.0,
+    "conformance/checks/test_a.py::t[w2]": 4.0,
+    "conformance/checks/test_a.py::t[w4]": 4.0,
+    "conformance/checks/test_a.py::u[w2]": 1.0,
+    "conformance/checks/test_b.py::t[w2]": 3.0,
+    "conformance/checks/test_b.py::v[w2]": 3.0,
+    "conformance/checks/test_c.py::t[w4]": 5.0,
+    "conformance/checks/test_d.py::plain": 0.5,
 }
 
 
@@ -50,7 +50,7 @@ def test_the_shards_hold_every_id_once(count: int) -> None:
 
 def test_a_modules_tests_at_one_world_size_stay_together_and_the_load_is_even() -> None:
     parts = shard.split(IDS, DURATIONS, 2)
-    together = ("conformance/test_b.py::t[w2]", "conformance/test_b.py::v[w2]")
+    together = ("conformance/checks/test_b.py::t[w2]", "conformance/checks/test_b.py::v[w2]")
     assert any(set(together) <= set(part) for part in parts)
     loads = [sum(DURATIONS[durations.weight_key(i)] for i in part) for part in parts]
     # Dealt dearest first to the lighter part: b@2 (6) to one, a@2 (5) and c@4 (5) to the

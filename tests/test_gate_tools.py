@@ -16,7 +16,7 @@ from ci.gate.target import ExecutionTarget
 from conformance.divergences import load, release_of
 from harness.outcomes import Outcome
 
-M = "conformance/test_m.py"
+M = "conformance/checks/test_m.py"
 
 
 def _target(torch_version: str) -> ExecutionTarget:
@@ -83,7 +83,7 @@ def test_a_fork_failure_fails_the_verdict_and_is_named(tmp_path: Path) -> None:
     assert [d["nodeid"] for d in data["by_verdict"]["shared_failure"]] == [f"{M}::test_c[w2-tp]"]
     report = (out / "fork-vs-base.md").read_text()
     assert report.startswith("# Fork against base: FAILED: 1 failures of the fork's own")
-    assert "| `conformance/test_m.py::test_a[w2-ddp]` | passed | failed |" in report
+    assert "| `conformance/checks/test_m.py::test_a[w2-ddp]` | passed | failed |" in report
     assert "rank 1 failed: AssertionError: fc1.weight" in report
 
 

@@ -21,7 +21,6 @@ import torch
 from ci.gate.golden import INDEX, index_text
 from ci.gate.target import SUITE_ROOT
 from conformance import UPSTREAM_MANIFEST
-from conformance._computed import tolerance
 from conformance._golden import (
     GOLDEN_DIR,
     RECORD,
@@ -34,6 +33,7 @@ from conformance._golden import (
     value_differences,
 )
 from conformance._upstream import fully_shard_missing
+from conformance.compare import tolerance
 from conformance.divergences import load, release_of
 from harness.machine import rank_threads, this_machine
 from tests._inner import Case, read_junit
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 THIS_RELEASE = str(release_of(torch.__version__))
 COMMITTED = recorded_releases(GOLDEN_DIR)
-READER = "conformance/test_golden_checkpoints.py"
+READER = "conformance/checks/test_golden_checkpoints.py"
 
 
 def test_every_recorded_release_has_a_committed_set():

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import _memory
-from conformance._memory import Measured, assert_within_bounds
+from conformance.compare import Measured, _memory, assert_within_bounds
 from harness.memory import Peak
 from reference_impl.peak_memory import Footprint, PeakBound
 

@@ -181,7 +181,7 @@ def _mutation_run(tmp_path: Path, mutant: str, test: str) -> dict[str, object]:
     return outcome
 
 
-UTILS = "conformance/test_state_dict_utils.py"
+UTILS = "conformance/checks/test_state_dict_utils.py"
 FLATTEN_TEST = f"{UTILS}::test_flatten_and_unflatten_match_the_oracle"
 COPY_TEST = f"{UTILS}::test_copy_matches_the_oracle_and_returns_the_companions_tensors"
 
@@ -212,7 +212,7 @@ def test_an_exception_raised_in_a_mutants_own_code_is_no_kill():
     seen = "ci/mutants/fsdp_state_dict_utils.py:31: in replace\n...\ntorch/x.py:9: AssertionError"
     assert raised_in_a_mutant(broken)
     assert not raised_in_a_mutant(seen)
-    assert not raised_in_a_mutant("conformance/test_x.py:12: AssertionError")
+    assert not raised_in_a_mutant("conformance/checks/test_x.py:12: AssertionError")
 
 
 def _killed(name: str, test: str) -> report.MutantOutcome:

@@ -6,14 +6,14 @@ import pytest
 
 from ci.gate import node_ids
 
-WORLD_ID = "conformance/test_x.py::test_y[w4-ddp-adam]"
+WORLD_ID = "conformance/checks/test_x.py::test_y[w4-ddp-adam]"
 PLAIN_ID = "tests/test_z.py::test_plain"
 
 
 def test_a_world_id_names_its_file_module_function_parameters_and_size() -> None:
-    assert node_ids.path_of(WORLD_ID) == "conformance/test_x.py"
+    assert node_ids.path_of(WORLD_ID) == "conformance/checks/test_x.py"
     assert node_ids.module_of(WORLD_ID) == "test_x"
-    assert node_ids.function_of(WORLD_ID) == "conformance/test_x.py::test_y"
+    assert node_ids.function_of(WORLD_ID) == "conformance/checks/test_x.py::test_y"
     assert node_ids.params_of(WORLD_ID) == ["w4", "ddp", "adam"]
     assert node_ids.world_size_in(WORLD_ID) == 4
     assert node_ids.world_size_of(WORLD_ID) == 4

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ci.gate.target import SUITE_ROOT
-from conformance._parallelisms import PARALLELISMS
 from conformance._upstream import fsdp, fully_shard_on, with_parameters
+from conformance.cells import PARALLELISMS
 from tests._inner import collect_conformance
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ def test_a_build_without_any_judged_api_collects_the_whole_suite() -> None:
 
 def test_a_missing_api_skips_the_tests_that_call_it_naming_it() -> None:
     missing = "torch.distributed._state_dict_utils._flatten_state_dict"
-    module = "conformance/test_state_dict_utils.py"
+    module = "conformance/checks/test_state_dict_utils.py"
     calls_it = f"{module}::test_flatten_then_unflatten_keeps_empty_containers"
     does_not = f"{module}::test_similarity_check_sees_a_dtype_change_alone[w1-int64]"
     plugin = "tests.inner.torch_without_apis"  # the controller's lookups and, preloaded, the ranks'

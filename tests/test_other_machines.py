@@ -35,7 +35,10 @@ def test_records_and_bounds_hold_on_another_machine(tmp_path: Path) -> None:
     out = tmp_path / "gate"
     command = [sys.executable, "-m", "ci.gate", "--world-backend", "gloo", "--world-sizes", "1,2"]
     command += ["--jobs", "2", "--out", str(out), "--"]
-    command += ["conformance/test_golden_checkpoints.py", "conformance/test_peak_memory.py"]
+    command += [
+        "conformance/checks/test_golden_checkpoints.py",
+        "conformance/checks/test_peak_memory.py",
+    ]
     command += ["-k", SELECTION]
     completed = subprocess.run(
         command,
@@ -51,7 +54,10 @@ def test_records_and_bounds_hold_on_another_machine(tmp_path: Path) -> None:
     (machine,) = results.target.machines
     assert (machine.capability, machine.intra_op_threads) == ("DEFAULT", 2), output
     ran = {test.nodeid.split("::")[0] for test in results.tests if test.outcome == "passed"}
-    assert ran == {"conformance/test_golden_checkpoints.py", "conformance/test_peak_memory.py"}
+    assert ran == {
+        "conformance/checks/test_golden_checkpoints.py",
+        "conformance/checks/test_peak_memory.py",
+    }
     steps = [test for test in results.tests if "steps_continue_as_recorded" in test.nodeid]
     assert [test.outcome for test in steps if test.outcome == "passed"], "no trajectory held"
     assert completed.returncode == 0, output

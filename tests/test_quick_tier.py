@@ -36,39 +36,41 @@ def test_the_tier_holds_a_killer_of_every_mutant_of_the_catalogue() -> None:
 
 def _ids() -> list[str]:
     return [
-        "conformance/test_a.py::t[w2-ddp]",
-        "conformance/test_a.py::t[w4-ddp]",
-        "conformance/test_a.py::slow[w2-fsdp2]",
-        "conformance/test_b.py::t[w1]",
-        "conformance/test_b.py::u[w2]",
-        "conformance/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",
-        "conformance/test_observing_is_free.py::o[w4-fsdp1_full_shard_orig]",
-        "conformance/test_observing_is_free.py::cheap[w4-fsdp2_tp]",
-        "conformance/test_observing_is_free.py::o[w2-tp]",
-        "conformance/test_c.py::t[w2-pp]",
+        "conformance/checks/test_a.py::t[w2-ddp]",
+        "conformance/checks/test_a.py::t[w4-ddp]",
+        "conformance/checks/test_a.py::slow[w2-fsdp2]",
+        "conformance/checks/test_b.py::t[w1]",
+        "conformance/checks/test_b.py::u[w2]",
+        "conformance/checks/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",
+        "conformance/checks/test_observing_is_free.py::o[w4-fsdp1_full_shard_orig]",
+        "conformance/checks/test_observing_is_free.py::cheap[w4-fsdp2_tp]",
+        "conformance/checks/test_observing_is_free.py::o[w2-tp]",
+        "conformance/checks/test_c.py::t[w2-pp]",
     ]
 
 
 def test_the_tier_keeps_every_killer_then_the_cheapest_of_what_it_lacks() -> None:
     durations = {
-        "conformance/test_a.py::t": 1.0,
-        "conformance/test_a.py::slow": 9.0,
-        "conformance/test_b.py::t": 2.0,
-        "conformance/test_b.py::u": 0.5,
-        "conformance/test_observing_is_free.py::o": 3.0,
-        "conformance/test_observing_is_free.py::cheap": 0.1,
-        "conformance/test_c.py::t": 1.0,
+        "conformance/checks/test_a.py::t": 1.0,
+        "conformance/checks/test_a.py::slow": 9.0,
+        "conformance/checks/test_b.py::t": 2.0,
+        "conformance/checks/test_b.py::u": 0.5,
+        "conformance/checks/test_observing_is_free.py::o": 3.0,
+        "conformance/checks/test_observing_is_free.py::cheap": 0.1,
+        "conformance/checks/test_c.py::t": 1.0,
     }
-    killers = {"m1": "conformance/test_a.py::t[w4-ddp]"}
+    killers = {"m1": "conformance/checks/test_a.py::t[w4-ddp]"}
     chosen = tier.select(_ids(), killers, durations, PARALLELISMS)
     assert chosen == [
-        "conformance/test_a.py::slow[w2-fsdp2]",  # the only one of fsdp2
-        "conformance/test_a.py::t[w4-ddp]",  # the killer, though w2 is cheaper
-        "conformance/test_b.py::u[w2]",  # the cheapest of test_b
-        "conformance/test_c.py::t[w2-pp]",  # module and cell
-        "conformance/test_observing_is_free.py::cheap[w4-fsdp2_tp]",  # the cheapest of the module
-        "conformance/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",  # the cell, at w2
-        "conformance/test_observing_is_free.py::o[w2-tp]",  # tp
+        "conformance/checks/test_a.py::slow[w2-fsdp2]",  # the only one of fsdp2
+        "conformance/checks/test_a.py::t[w4-ddp]",  # the killer, though w2 is cheaper
+        "conformance/checks/test_b.py::u[w2]",  # the cheapest of test_b
+        "conformance/checks/test_c.py::t[w2-pp]",  # module and cell
+        # the cheapest of the module
+        "conformance/checks/test_observing_is_free.py::cheap[w4-fsdp2_tp]",
+        # the cell, at w2
+        "conformance/checks/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",
+        "conformance/checks/test_observing_is_free.py::o[w2-tp]",  # tp
     ]
 
 
@@ -87,8 +89,8 @@ def test_cells_group_into_families() -> None:
 
 
 def test_a_killer_the_suite_no_longer_collects_is_named() -> None:
-    with pytest.raises(ValueError, match=r"m9 \(conformance/test_gone.py::t\[w2\]\)"):
-        tier.select(_ids(), {"m9": "conformance/test_gone.py::t[w2]"}, {}, PARALLELISMS)
+    with pytest.raises(ValueError, match=r"m9 \(conformance/checks/test_gone.py::t\[w2\]\)"):
+        tier.select(_ids(), {"m9": "conformance/checks/test_gone.py::t[w2]"}, {}, PARALLELISMS)
 
 
 def test_killers_come_from_killed_and_unverified_mutants(tmp_path) -> None:
@@ -127,10 +129,10 @@ def test_the_quick_gate_runs_the_tiers_ids_at_its_world_sizes(tmp_path) -> None:
     assert "conformance" not in command
     assert any("[w4-" in nodeid for nodeid in tier.quick_tier_ids())
     assert "-x" in command
-    named = cli.pytest_command(_gate_args("conformance/test_peak_memory.py"), tmp_path)
+    named = cli.pytest_command(_gate_args("conformance/checks/test_peak_memory.py"), tmp_path)
     picked = [arg for arg in named if arg.startswith("conformance/")]
     assert picked
-    assert all(arg.startswith("conformance/test_peak_memory.py::") for arg in picked)
+    assert all(arg.startswith("conformance/checks/test_peak_memory.py::") for arg in picked)
 
 
 def test_the_gate_refuses_an_unknown_tier_after_the_separator(capsys) -> None:

@@ -18,12 +18,12 @@ from harness.outcomes import Outcome
 
 # A skip record's test, and the record.
 HANG = (
-    "conformance/test_upstream_failures.py::"
+    "conformance/checks/test_upstream_failures.py::"
     "test_broadcast_from_rank0_of_a_sharded_state_dict_names_its_keys_or_loads_it[w2]"
 )
 HANG_RECORD = "broadcast-of-fsdp2-own-state-dict-hangs"
 OFFLOAD = (
-    "conformance/test_upstream_failures.py::"
+    "conformance/checks/test_upstream_failures.py::"
     "test_fsdp1_full_offloaded_state_dict_equals_single_process"
 )
 
@@ -68,7 +68,7 @@ def test_a_divergence_shows_by_the_outcomes_of_its_tests(
 def test_the_map_orders_releases_and_names_what_no_entry_expects(tmp_path: Path) -> None:
     newer = _results(
         "2.15.0+cu132",
-        [(f"{OFFLOAD}[w2-orig]", "xpassed"), ("conformance/test_x.py::t[w2]", "failed")],
+        [(f"{OFFLOAD}[w2-orig]", "xpassed"), ("conformance/checks/test_x.py::t[w2]", "failed")],
     )
     older = _results("2.13.0+cpu", [(f"{OFFLOAD}[w2-orig]", "xfailed")])
     table = release_map([("torch==2.15.0", newer), ("torch==2.13.0", older)])
@@ -134,7 +134,7 @@ def test_an_earlier_runs_results_bring_the_run_of_their_skips_lifted_beside_them
 
 
 def test_the_map_shows_which_golden_loads_fail_by_the_release_that_wrote_the_set() -> None:
-    golden = "conformance/test_golden_checkpoints.py::"
+    golden = "conformance/checks/test_golden_checkpoints.py::"
     run = _results(
         "2.15.0+cu132",
         [
@@ -148,7 +148,7 @@ def test_the_map_shows_which_golden_loads_fail_by_the_release_that_wrote_the_set
             ),
             (f"{golden}test_golden_fsdp1_state_dicts_load_as_recorded[w2-2.6.0-full]", "xfailed"),
             (f"{golden}test_golden_single_process_state_loads_as_recorded[w1-2.6.0-mlp]", "passed"),
-            ("conformance/test_x.py::t[w2-2.6.0-a]", "failed"),
+            ("conformance/checks/test_x.py::t[w2-2.6.0-a]", "failed"),
         ],
     )
     (only,) = release_map([("torch==2.15.0", run)]).runs
@@ -168,7 +168,7 @@ def test_the_map_shows_which_golden_loads_fail_by_the_release_that_wrote_the_set
 
 
 def test_a_map_without_golden_checks_has_no_golden_section() -> None:
-    run = _results("2.15.0+cu132", [("conformance/test_x.py::t[w2]", "passed")])
+    run = _results("2.15.0+cu132", [("conformance/checks/test_x.py::t[w2]", "passed")])
     table = release_map([("torch==2.15.0", run)])
     assert table.runs[0].golden == []
     assert "Golden checkpoints loaded" not in render.markdown(table)
@@ -202,6 +202,8 @@ def test_test_paths_after_the_separator_go_to_pytest_not_to_the_releases(
 
     monkeypatch.setattr(cli, "run_gate", fake_gate)
     argv = ["--golden-sets", str(tmp_path), "torch==2.13.0", "--no-lift-skips", "-x"]
-    argv += ["--out", str(tmp_path / "map"), "--", "conformance/test_golden_checkpoints.py"]
+    argv += ["--out", str(tmp_path / "map"), "--", "conformance/checks/test_golden_checkpoints.py"]
     assert cli.main(argv) == 1
-    assert calls == [("torch==2.13.0", ["-x", "conformance/test_golden_checkpoints.py"], tmp_path)]
+    assert calls == [
+        ("torch==2.13.0", ["-x", "conformance/checks/test_golden_checkpoints.py"], tmp_path)
+    ]

@@ -19,7 +19,7 @@ from tests._inner import INNER_DIR, Case, read_junit
 
 pytestmark = pytest.mark.slow
 
-MODULE = "conformance/test_dcp_round_trips.py"
+MODULE = "conformance/checks/test_dcp_round_trips.py"
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance._trajectory import differences
+from conformance.training import differences
 
 
 def _one(value: torch.Tensor) -> dict[str, torch.Tensor]:

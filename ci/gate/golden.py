@@ -1,12 +1,12 @@
 """``python -m ci.gate.golden --out DIR``: the golden set of the torch under test.
 
-Writes ``DIR/<release>/``: the checkpoints of ``conformance/_golden_writer.py`` (DCP, saved and
-asynchronously saved, from every parallelism family at 1, 2 and 4 ranks; FSDP1's FULL,
-SHARDED and LOCAL state dicts; one process's ``torch.save``) and ``record.json``: the
+Writes ``DIR/<release>/``: the checkpoints of ``conformance/checks/_golden_writer.py``
+(DCP, saved and asynchronously saved, from every parallelism family at 1, 2 and 4 ranks;
+FSDP1's FULL, SHARDED and LOCAL state dicts; one process's ``torch.save``) and ``record.json``: the
 release, torch's version and git hash, the suite's commit, every file's hash and every value
 each checkpoint holds. ``--index`` rewrites the table of the sets under ``DIR``
 (``README.md``). The gate loads every set under ``conformance/golden/`` (or
-``$GATE_GOLDEN_SETS``) into the build under test: ``conformance/test_golden_checkpoints.py``.
+``$GATE_GOLDEN_SETS``) into the build under test: ``conformance/checks/test_golden_checkpoints.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ INDEX_HEADING = """# Golden checkpoints
 
 Each directory is the set one torch release wrote with `python -m ci.gate.golden --out
 conformance/golden` (gloo, CPU): the record names the release, torch's git hash and the
-suite's commit; the gate loads every set (`conformance/test_golden_checkpoints.py`). This
+suite's commit; the gate loads every set (`conformance/checks/test_golden_checkpoints.py`). This
 table is generated: `python -m ci.gate.golden --out conformance/golden --index`.
 "Skipped": checkpoints a known divergence of the release keeps it from writing (the reason in
 `record.json`); "failed": checkpoints whose writer failed there (the error in `record.json`).

@@ -1,5 +1,5 @@
 """What a pytest node id of the suite says, read in one place: its file, module, test
-function, parameters and world size (``conformance/test_x.py::test_y[w4-ddp-adam]``)."""
+function, parameters and world size (``conformance/checks/test_x.py::test_y[w4-ddp-adam]``)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,22 @@ _WORLD_SIZE = re.compile(r"\[w(\d+)")  # ``[w4-ddp]``: the world size an id name
 
 
 def path_of(nodeid: str) -> str:
-    """``conformance/test_x.py::t[w2]`` -> ``conformance/test_x.py``."""
+    """``conformance/checks/test_x.py::t[w2]`` -> ``conformance/checks/test_x.py``."""
     return nodeid.split("::", 1)[0]
 
 
 def module_of(nodeid: str) -> str:
-    """``conformance/test_x.py::t[w2]`` -> ``test_x``."""
+    """``conformance/checks/test_x.py::t[w2]`` -> ``test_x``."""
     return path_of(nodeid).rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def name_of(nodeid: str) -> str:
-    """``conformance/test_x.py::t[w2-ddp]`` -> ``t[w2-ddp]``."""
+    """``conformance/checks/test_x.py::t[w2-ddp]`` -> ``t[w2-ddp]``."""
     return nodeid.partition("::")[2]
 
 
 def function_of(nodeid: str) -> str:
-    """``conformance/test_x.py::t[w2-ddp]`` -> ``conformance/test_x.py::t``."""
+    """``conformance/checks/test_x.py::t[w2-ddp]`` -> ``conformance/checks/test_x.py::t``."""
     return nodeid.split("[", 1)[0]
 
 

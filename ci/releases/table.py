@@ -36,7 +36,7 @@ class ReleaseRun:
 @dataclass(frozen=True)
 class GoldenLoads:
     """How one golden set loaded into a release: ``written_by`` wrote it; the load checks'
-    count and the ids that failed (``conformance/test_golden_checkpoints.py``)."""
+    count and the ids that failed (``conformance/checks/test_golden_checkpoints.py``)."""
 
     written_by: str
     checks: int
@@ -76,7 +76,7 @@ def showing(known: Known, tests: list[TestResult]) -> Showing:
     return "passes"
 
 
-GOLDEN_CHECKS = "conformance/test_golden_checkpoints.py::"
+GOLDEN_CHECKS = "conformance/checks/test_golden_checkpoints.py::"
 # A golden check's id: the world size, then the release that wrote the set it loads.
 _WRITTEN_BY = re.compile(r"\[w\d+-(?P<release>[^-\]]+)[-\]]")
 

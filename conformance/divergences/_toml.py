@@ -8,7 +8,7 @@ A record holds for its tests directly, or for several sets of them, each its own
     link = "https://github.com/pytorch/pytorch/issues/188989"
     reason = "what upstream does wrong, stated once"
     releases = ">=2.6,<2.14.1"           # PEP 440, over the build's release; absent: every one
-    tests = ["conformance/test_x.py::test_y[w2-*]"]
+    tests = ["conformance/checks/test_x.py::test_y[w2-*]"]
 
     [[divergence]]
     id = "empty-fsdp1-shard-load"

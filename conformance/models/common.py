@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from conformance._held import held_part, holds
-from conformance._optimizers import adam
 from conformance._upstream import dtensor, tensor_parallel
+from conformance.compare import held_part, holds
+from conformance.models.optimizers import adam
 
 SEED = 1234
 VOCAB = 11
@@ -35,7 +35,7 @@ class MLPWithBuffers(nn.Module):
     """
 
     units = ("fc1", "fc2")  # the submodules a nested wrapping wraps on their own
-    # What each pipeline stage holds, in order (conformance/_pipeline.py): fc1 and the scale
+    # What each pipeline stage holds, in order (conformance/cells/_pipeline.py): fc1 and the scale
     # applied to its output, then fc2. The non-persistent buffer stays on every stage.
     stages = (("fc1", "running_scale"), ("fc2",))
 

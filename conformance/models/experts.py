@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from conformance._experts import from_experts, to_experts
+from conformance.cells import from_experts, to_experts
 from conformance.models.common import SEED
 
 HIDDEN = 10

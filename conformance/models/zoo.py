@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from conformance._parallelisms import Parallelism, units
 from conformance._upstream import activation_checkpointing
+from conformance.cells import Parallelism, units
 from conformance.models.common import (
     SEED,
     GroundTruth,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conformance._compare import assert_state_dict_equal
+from conformance.compare import assert_state_dict_equal
 
 
 @pytest.mark.world(1, 2)

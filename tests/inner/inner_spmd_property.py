@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 from hypothesis import strategies as st
 
-from conformance._spmd_property import spmd_property
+from conformance.training import spmd_property
 
 
 @pytest.mark.world(2)

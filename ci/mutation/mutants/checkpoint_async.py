@@ -10,10 +10,10 @@ from torch.distributed._state_dict_utils import _offload_state_dict_to_cpu
 from ci.mutation.mutants._mutant import STAGER, STAGING, THREAD_CHECKPOINTER, mutant_maker
 
 Fn = Callable[..., Any]
-SAVES = "conformance/test_async_saves.py"
+SAVES = "conformance/checks/test_async_saves.py"
 AT_THE_CALL = f"{SAVES}::test_an_async_save_writes_the_state_at_its_call"
-FAILURES = "conformance/test_async_save_failures.py"
-STAGING_CHECKS = "conformance/test_async_staging.py"
+FAILURES = "conformance/checks/test_async_save_failures.py"
+STAGING_CHECKS = "conformance/checks/test_async_staging.py"
 
 
 def _stage_returns_the_live_state(original: Fn) -> Fn:

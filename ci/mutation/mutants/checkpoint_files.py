@@ -10,7 +10,7 @@ from typing import Any
 from ci.mutation.mutants._mutant import FILESYSTEM, mutant_maker
 
 Fn = Callable[..., Any]
-GOLDEN = "conformance/test_golden_checkpoints.py"
+GOLDEN = "conformance/checks/test_golden_checkpoints.py"
 
 
 def _pairs_unversioned_storage_in_reverse(original: Fn) -> Fn:

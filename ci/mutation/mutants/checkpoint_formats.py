@@ -12,8 +12,8 @@ import torch
 from ci.mutation.mutants._mutant import FORMAT_UTILS, HF_STORAGE, mutant_maker
 
 Fn = Callable[..., Any]
-CONVERSIONS = "conformance/test_format_conversions.py"
-SAFETENSORS = "conformance/test_safetensors.py"
+CONVERSIONS = "conformance/checks/test_format_conversions.py"
+SAFETENSORS = "conformance/checks/test_safetensors.py"
 
 
 def _tensors_only(tree: Any) -> Any:

@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from ci.mutation.mutants._mutant import DEFAULT_PLANNER, PLANNER_HELPERS, mutant_maker
 
 Fn = Callable[..., Any]
-PLACEMENTS = "conformance/test_dcp_placements.py"
-APP_STATE = "conformance/test_app_state_loads.py"
+PLACEMENTS = "conformance/checks/test_dcp_placements.py"
+APP_STATE = "conformance/checks/test_app_state_loads.py"
 
 
 def _as_a_matrix(chunk: ChunkStorageMetadata) -> ChunkStorageMetadata:

@@ -14,16 +14,16 @@ from torch.nn.modules.module import _IncompatibleKeys
 from ci.mutation.mutants._mutant import CHECKPOINT_STATE_DICT, mutant_maker
 
 Fn = Callable[..., Any]
-GET_SET = "conformance/test_get_set_state_dict.py"
-MODELS = "conformance/test_model_matrix.py"
-FULL = "conformance/test_full_state_dict.py"
-FAILURES = "conformance/test_upstream_failures.py"
-OBSERVING = "conformance/test_observing_is_free.py"
-RESUMING = "conformance/test_resuming_commutes_with_training.py"
-LOADING = "conformance/test_loading_leaves_its_input.py"
-MALFORMED = "conformance/test_malformed_loads_name_the_key.py"
-PEAK_MEMORY = "conformance/test_peak_memory.py"
-META_LOADS = "conformance/test_meta_device_loads.py"
+GET_SET = "conformance/checks/test_get_set_state_dict.py"
+MODELS = "conformance/checks/test_model_matrix.py"
+FULL = "conformance/checks/test_full_state_dict.py"
+FAILURES = "conformance/checks/test_upstream_failures.py"
+OBSERVING = "conformance/checks/test_observing_is_free.py"
+RESUMING = "conformance/checks/test_resuming_commutes_with_training.py"
+LOADING = "conformance/checks/test_loading_leaves_its_input.py"
+MALFORMED = "conformance/checks/test_malformed_loads_name_the_key.py"
+PEAK_MEMORY = "conformance/checks/test_peak_memory.py"
+META_LOADS = "conformance/checks/test_meta_device_loads.py"
 
 
 @contextlib.contextmanager
@@ -435,7 +435,7 @@ MUTANTS = [
         "rank holds: the values are right, the names of the whole model are not (experts.1 is "
         "saved as experts.0), which only a cell of such ranks shows",
         _renumbered_by_local_position,
-        "conformance/test_expert_parallel.py",
+        "conformance/checks/test_expert_parallel.py",
     ),
     _mutant(
         "strict_load_ignores_unexpected_keys",

@@ -11,11 +11,11 @@ from ci.mutation.mutants._mutant import FSDP_OPTIM_UTILS, mutant_maker
 from ci.mutation.mutants._trees import map_leaves, rows_shifted
 
 Fn = Callable[..., Any]
-OPTIM = "conformance/test_fsdp1_optim_state.py"
-LEGACY = "conformance/test_fsdp1_legacy_optim_apis.py"
-CORNERS = "conformance/test_fsdp1_optim_corner_cases.py"
-RESHARD = "conformance/test_fsdp1_reshard_loads.py"
-UPSTREAM_CASES = "conformance/test_fsdp1_optim_upstream_cases.py"
+OPTIM = "conformance/checks/test_fsdp1_optim_state.py"
+LEGACY = "conformance/checks/test_fsdp1_legacy_optim_apis.py"
+CORNERS = "conformance/checks/test_fsdp1_optim_corner_cases.py"
+RESHARD = "conformance/checks/test_fsdp1_reshard_loads.py"
+UPSTREAM_CASES = "conformance/checks/test_fsdp1_optim_upstream_cases.py"
 
 
 def _shift(value: Any) -> Any:

@@ -13,9 +13,9 @@ from ci.mutation.mutants._mutant import FSDP_STATE_DICT_UTILS, mutant_maker
 from ci.mutation.mutants._trees import rows_shifted
 
 Fn = Callable[..., Any]
-MODEL_STATE = "conformance/test_fsdp1_model_state.py"
-UPSTREAM_CASES = "conformance/test_fsdp1_state_dict_upstream_cases.py"
-RESHARD = "conformance/test_fsdp1_reshard_loads.py"
+MODEL_STATE = "conformance/checks/test_fsdp1_model_state.py"
+UPSTREAM_CASES = "conformance/checks/test_fsdp1_state_dict_upstream_cases.py"
+RESHARD = "conformance/checks/test_fsdp1_reshard_loads.py"
 
 
 def _local_tensor(value: Any) -> torch.Tensor | None:

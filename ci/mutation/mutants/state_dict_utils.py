@@ -13,10 +13,10 @@ from ci.mutation.mutants._mutant import STATE_DICT_UTILS, mutant_maker
 from ci.mutation.mutants._trees import get_path, map_leaves, rows_shifted, tensor_paths, with_leaf
 
 Fn = Callable[..., Any]
-UTILS = "conformance/test_state_dict_utils.py"
-UPSTREAM_CASES = "conformance/test_state_dict_utils_upstream_cases.py"
-PEAK_MEMORY = "conformance/test_peak_memory.py"
-LOADING = "conformance/test_loading_leaves_its_input.py"
+UTILS = "conformance/checks/test_state_dict_utils.py"
+UPSTREAM_CASES = "conformance/checks/test_state_dict_utils_upstream_cases.py"
+PEAK_MEMORY = "conformance/checks/test_peak_memory.py"
+LOADING = "conformance/checks/test_loading_leaves_its_input.py"
 
 
 def _gather_returns_local_shards(original: Fn) -> Fn:

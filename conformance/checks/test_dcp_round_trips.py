@@ -1,0 +1,148 @@
+"""Round trips through ``torch.distributed.checkpoint``: save, load, reshard, train on.
+
+A checkpoint saved under one parallelism and world size loads under another, and every value
+survives. After a load, training goes on exactly as if the model had never been saved.
+
+DCP save → load restores every value, and training then continues exactly as without the
+save, for every parallelism. Resharding loads run at 4 → 2 ranks, 4 → 1 (rank 0 alone,
+``no_dist``) and 2 → 4, across parallelisms (FSDP1 → FSDP2, DDP → FSDP2, FSDP2+TP → TP, TP →
+DDP, ...). A save over an existing checkpoint replaces it where its writer allows it
+(``FileSystemWriter(overwrite=True)``, the default). Where the writer does not, the save is
+refused on every rank and the files are left as they were (upstream's ``test_overwrite``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from conformance._upstream import dcp, dsd, full_options, with_parameters
+from conformance.cells import PARALLELISMS, SubWorld, comparison_tolerance, exists_at_size
+from conformance.compare import assert_state_dict_equal
+from conformance.models.common import seeded_mlp, train
+from conformance.models.optimizers import adam
+from conformance.models.zoo import model_of
+from conformance.training import file_hashes, load_checkpoint, load_options_for, save_checkpoint
+
+
+def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The MLP on one process (``single``), or the model of the cell ``name``, wrapped."""
+    model = seeded_mlp() if name == "single" else model_of(PARALLELISMS[name], world)
+    return model, adam(model)
+
+
+def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=full_options())
+    return copy.deepcopy(model_state), copy.deepcopy(optim_state["state"])
+
+
+def _assert_full_equal(actual: tuple[Any, Any], expected: tuple[Any, Any], **tolerance: float):
+    assert_state_dict_equal(actual[0], expected[0], **tolerance)
+    assert_state_dict_equal(actual[1], expected[1], **tolerance)
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("name", sorted(PARALLELISMS))
+def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
+    model, optimizer = _model_and_optimizer(name, world)
+    train(model, optimizer, steps=2)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path)
+    saved = _full(model, optimizer)
+    train(model, optimizer, steps=1)
+    moved_on = _full(model, optimizer)
+    load_checkpoint(model, optimizer, path)
+    _assert_full_equal(_full(model, optimizer), saved)
+    train(model, optimizer, steps=1)  # the same step again, from the loaded state
+    _assert_full_equal(_full(model, optimizer), moved_on)
+
+
+RESHARDS = [  # saved by (at 4 ranks), loaded by, at how many ranks
+    ("fsdp2", "fsdp2", 2),
+    ("fsdp2", "single", 1),
+    ("fsdp1_full_shard_orig", "fsdp2", 2),
+    ("fsdp1_full_shard_flat", "fsdp2", 2),
+    ("fsdp1_full_shard_flat", "single", 1),
+    ("ddp", "fsdp2", 2),
+    ("fsdp2_tp", "tp", 2),
+    ("fsdp2_tp", "fsdp2", 2),
+    ("tp", "ddp", 2),
+]
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize(("saved_by", "loaded_by", "load_size"), RESHARDS)
+def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size):
+    """Save at 4 ranks, load at ``load_size`` under another parallelism (rank 0 alone at 1)."""
+    for name in (saved_by, loaded_by):
+        if name in PARALLELISMS:
+            PARALLELISMS[name].skip_unless_runnable(world.device)
+    model, optimizer = _model_and_optimizer(saved_by, world)
+    train(model, optimizer, steps=2)
+    path = str(world.tmp_path / "checkpoint")
+    save_checkpoint(model, optimizer, path)
+    saved = _full(model, optimizer)
+    world.barrier()
+    loaders = SubWorld(world, load_size)
+    load = load_options_for(loaders)
+    if loaders.member:
+        target, target_optimizer = _model_and_optimizer(loaded_by, loaders)
+        load_checkpoint(target, target_optimizer, path, **load)
+        cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
+        _assert_full_equal(_full(target, target_optimizer), saved, **comparison_tolerance(*cells))
+    world.barrier()
+
+
+@pytest.mark.world(4)
+@pytest.mark.parametrize("loaded_by", ["fsdp2", "fsdp2_tp", "ddp", "fsdp1_full_shard_orig"])
+def test_load_at_more_ranks_than_saved(world, loaded_by):
+    """Save at 2 ranks (FSDP2), load at 4: every value lands in the finer shards."""
+    for name in ("fsdp2", loaded_by):
+        PARALLELISMS[name].skip_unless_runnable(world.device)
+    savers = SubWorld(world, 2)
+    path = str(world.tmp_path / "checkpoint")
+    saved: tuple[Any, Any] | None = None
+    if savers.member:
+        model, optimizer = _model_and_optimizer("fsdp2", savers)
+        train(model, optimizer, steps=2)
+        save_checkpoint(model, optimizer, path, process_group=savers.group)
+        saved = _full(model, optimizer)
+    world.barrier()
+    target, target_optimizer = _model_and_optimizer(loaded_by, world)
+    load_checkpoint(target, target_optimizer, path)
+    loaded = _full(target, target_optimizer)
+    if saved is not None:
+        _assert_full_equal(loaded, saved, **comparison_tolerance(PARALLELISMS[loaded_by]))
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_a_save_over_a_checkpoint_replaces_it_only_where_allowed(world, name):
+    """Plain tensors and DTensors alike: a save with ``overwrite=True`` over a checkpoint
+    replaces it (a load gets the later state); one with ``overwrite=False`` is refused on every
+    rank, saying the checkpoint exists, and changes no file."""
+    PARALLELISMS[name].skip_unless_runnable(world.device)
+    with_parameters(dcp.FileSystemWriter, "overwrite")
+    path = world.tmp_path / "checkpoint"
+    model, optimizer = _model_and_optimizer(name, world)
+
+    def save(overwrite: bool) -> None:
+        writer = dcp.FileSystemWriter(path, overwrite=overwrite)
+        save_checkpoint(model, optimizer, str(path), storage_writer=writer)
+
+    train(model, optimizer, steps=1)
+    save(overwrite=False)
+    train(model, optimizer, steps=1, start=1)
+    later = _full(model, optimizer)
+    save(overwrite=True)
+    world.barrier()
+    files = file_hashes(path)
+    with pytest.raises(dcp.CheckpointException, match="already exists"):
+        save(overwrite=False)
+    assert file_hashes(path) == files, f"rank {world.rank}: the refused save changed the files"
+    fresh, fresh_optimizer = _model_and_optimizer(name, world)
+    load_checkpoint(fresh, fresh_optimizer, str(path))
+    _assert_full_equal(_full(fresh, fresh_optimizer), later)

@@ -1,0 +1,132 @@
+"""Hugging Face checkpoints: a model's state saved as safetensors through DCP and read back.
+
+Each cell trains ``SAVED_AFTER`` steps and saves its model's state through
+``HuggingFaceStorageWriter``, in one of three layouts:
+
+- ``consolidated``: every rank writes its pieces (``save_distributed``), and the save joins
+  them into whole tensors (``enable_consolidation``). They go in two files chosen by
+  ``fqn_to_index_mapping``: ``fc1``'s tensors in the first, the rest in the second. The
+  ``model.safetensors.index.json`` maps each key to its file.
+- ``sharded``: every rank writes its pieces, not joined.
+- ``rank0_full``: the full state dict saved by rank 0 alone (``no_dist``), as a model is
+  published.
+
+The state is saved in ``float32`` and, cast piece by piece, in ``bfloat16``. Where the files
+hold whole tensors (``consolidated``, ``rank0_full``), the ``safetensors`` package reads them
+on rank 0. They must hold every key of the model, in its dtype and shape. Each key holds
+exactly the saving model's full state cast to that dtype. That full state is itself the
+single-process state after ``SAVED_AFTER`` steps, within the cell's tolerance. The index names
+the file each key lies in.
+
+In every layout, fresh objects of the same cell load the files through
+``HuggingFaceStorageReader`` into their own (sharded) state dict. The model then holds exactly
+those values. A build skips, naming what is missing, if it lacks the writer, the options a
+layout needs, or the ``safetensors`` package. The writer of 2.8 has neither
+``save_distributed`` nor ``enable_consolidation``. The mutant
+``safetensors_written_in_float32`` (a writer that stores a ``bfloat16`` tensor as ``float32``)
+is seen by this module only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+
+from conformance._upstream import dcp, dsd, full_options, with_parameters
+from conformance.cells import PARALLELISMS, comparison_tolerance, exists_at_size
+from conformance.compare import assert_state_dict_equal, held_part, whole_model_state
+from conformance.models.optimizers import OPTIMIZERS
+from conformance.models.zoo import truth_of
+from conformance.training import fresh_training, trained
+
+Layout = Literal["consolidated", "sharded", "rank0_full"]
+LAYOUTS: tuple[Layout, ...] = ("consolidated", "sharded", "rank0_full")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+RECIPE = "adam"
+SAVED_AFTER = 2
+CELLS = sorted(PARALLELISMS)
+INDEX = "model.safetensors.index.json"
+# The writer's options each distributed layout needs (2.8's writer has neither).
+LAYOUT_OPTIONS = {
+    "consolidated": ("save_distributed", "enable_consolidation"),
+    "sharded": ("save_distributed",),
+}
+
+
+def _file_index(key: str) -> int:
+    """The file a consolidated save writes ``key`` to: 1 for ``fc1``'s tensors, else 2."""
+    return 1 if key.startswith("fc1.") else 2
+
+
+def _cast(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """Each tensor of ``state`` (plain, DTensor or ShardedTensor) as ``dtype``."""
+    return {key: value.to(dtype) for key, value in state.items()}
+
+
+def _save(
+    world: Any, cell: str, layout: Layout, dtype: torch.dtype, path: Path
+) -> dict[str, torch.Tensor]:
+    """Train the cell, save its model state in ``layout`` under ``path``: the whole model's
+    full state, as trained (on a pipeline, every stage's part)."""
+    writer_class = dcp.HuggingFaceStorageWriter  # every rank skips where the build lacks it
+    if layout != "rank0_full":
+        with_parameters(writer_class, *LAYOUT_OPTIONS[layout])
+    model, _, _ = trained(PARALLELISMS[cell], world, RECIPE, SAVED_AFTER)
+    full = whole_model_state(dsd.get_model_state_dict(model, options=full_options()))
+    if layout == "rank0_full":
+        if world.rank == 0:
+            writer = writer_class(str(path))
+            dcp.save(_cast(full, dtype), storage_writer=writer, no_dist=True)
+        world.barrier()
+        return full
+    state = _cast(dsd.get_model_state_dict(model), dtype)
+    writer = writer_class(
+        str(path),
+        fqn_to_index_mapping={key: _file_index(key) for key in full},  # the whole model's
+        save_distributed=True,
+        **({"enable_consolidation": True} if layout == "consolidated" else {}),
+    )
+    dcp.save(state, storage_writer=writer)
+    return full
+
+
+def _assert_files_hold(path: Path, expected: dict[str, torch.Tensor]) -> None:
+    """The safetensors files under ``path`` (not below) hold ``expected``, and its index
+    names the file of each key."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    held = {
+        file.name: safetensors_torch.load_file(str(file))
+        for file in sorted(path.glob("*.safetensors"))
+    }
+    read = {key: tensor for tensors in held.values() for key, tensor in tensors.items()}
+    assert_state_dict_equal(read, expected)
+    weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+    where = {key: name for name, tensors in held.items() for key in tensors}
+    assert weight_map == where, f"{INDEX} maps keys to {weight_map}, the files hold {where}"
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cell", CELLS)
+def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, dtype):
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    pytest.importorskip("safetensors")
+    path = world.tmp_path / "hf"
+    trained = _save(world, cell, layout, DTYPES[dtype], path)
+    truth = truth_of(parallelism, SAVED_AFTER, OPTIMIZERS[RECIPE], world.device).model
+    assert_state_dict_equal(trained, truth, **comparison_tolerance(parallelism))
+    expected = _cast(trained, DTYPES[dtype])
+    if layout != "sharded" and world.rank == 0:
+        _assert_files_hold(path, expected)
+    model, _, _ = fresh_training(parallelism, world, RECIPE)
+    state = _cast(dsd.get_model_state_dict(model), DTYPES[dtype])
+    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
+    dsd.set_model_state_dict(model, state)
+    loaded = _cast(dsd.get_model_state_dict(model, options=full_options()), DTYPES[dtype])
+    assert_state_dict_equal(loaded, held_part(expected, model))
