@@ -33,6 +33,7 @@ from conformance._golden import (
     value_differences,
 )
 from conformance._upstream import fully_shard_missing
+from conformance.cells import PARALLELISMS, with_role
 from conformance.compare import tolerance
 from conformance.divergences import load, release_of
 from harness.machine import rank_threads, this_machine
@@ -110,9 +111,10 @@ def test_a_value_the_readers_release_never_keeps_is_no_difference():
     ]
 
 
-# The families that write and read at one rank: FSDP2's where this release runs it on CPUs.
-_FSDP2_FAMILIES = ("fsdp2", "ep")
-_ONE_RANK_FAMILIES = ("ddp", "pp") + (
+# The golden cells at one rank; those built with fully_shard where this release runs it on CPUs.
+_ONE_RANK = [PARALLELISMS[name] for name in with_role("golden") if PARALLELISMS[name].supports(1)]
+_FSDP2_FAMILIES = tuple(cell.name for cell in _ONE_RANK if cell.fsdp2)
+_ONE_RANK_FAMILIES = tuple(cell.name for cell in _ONE_RANK if not cell.fsdp2) + (
     _FSDP2_FAMILIES if fully_shard_missing(torch.device("cpu")) is None else ()
 )
 

@@ -13,7 +13,15 @@ from ci.gate.node_ids import world_size_of
 from ci.mutation.cli import quick_tier_for
 from ci.mutation.mutants import catalogue
 
-PARALLELISMS = ["ddp", "fsdp1_full_shard_orig", "fsdp2", "fsdp2_tp", "pp", "tp"]
+FAMILIES = {  # each cell's family, as descriptors name them
+    "ddp": "ddp",
+    "fsdp1_full_shard_orig": "fsdp1",
+    "fsdp2": "fsdp2",
+    "fsdp2_tp": "2-D",
+    "pp": "pp",
+    "tp": "tp",
+}
+CONTRACTS = {"observing": ("test_observing_is_free",)}
 
 
 @pytest.mark.slow
@@ -60,7 +68,7 @@ def test_the_tier_keeps_every_killer_then_the_cheapest_of_what_it_lacks() -> Non
         "conformance/checks/test_c.py::t": 1.0,
     }
     killers = {"m1": "conformance/checks/test_a.py::t[w4-ddp]"}
-    chosen = tier.select(_ids(), killers, durations, PARALLELISMS)
+    chosen = tier.select(_ids(), killers, durations, FAMILIES, CONTRACTS)
     assert chosen == [
         "conformance/checks/test_a.py::slow[w2-fsdp2]",  # the only one of fsdp2
         "conformance/checks/test_a.py::t[w4-ddp]",  # the killer, though w2 is cheaper
@@ -74,23 +82,10 @@ def test_the_tier_keeps_every_killer_then_the_cheapest_of_what_it_lacks() -> Non
     ]
 
 
-def test_cells_group_into_families() -> None:
-    families = {
-        name: tier.cell_family(name)
-        for name in ("ddp", "replicate", "fsdp1_hybrid_shard_flat_nested", "fsdp1_tp", "hsdp2")
-    }
-    assert families == {
-        "ddp": "ddp",
-        "replicate": "ddp",
-        "fsdp1_hybrid_shard_flat_nested": "fsdp1",
-        "fsdp1_tp": "2-D",
-        "hsdp2": "fsdp2",
-    }
-
-
 def test_a_killer_the_suite_no_longer_collects_is_named() -> None:
+    gone = {"m9": "conformance/checks/test_gone.py::t[w2]"}
     with pytest.raises(ValueError, match=r"m9 \(conformance/checks/test_gone.py::t\[w2\]\)"):
-        tier.select(_ids(), {"m9": "conformance/checks/test_gone.py::t[w2]"}, {}, PARALLELISMS)
+        tier.select(_ids(), gone, {}, FAMILIES, CONTRACTS)
 
 
 def test_killers_come_from_killed_and_unverified_mutants(tmp_path) -> None:

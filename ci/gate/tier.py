@@ -5,8 +5,9 @@ world sizes 1, 2 and 4; the mutation report (``ci/mutation/sample-report/mutatio
 whose every mutant's killing test the tier keeps, so that it kills every mutant the whole
 gate kills; and the recorded durations (``ci/gate/durations.json``), by which it picks the
 cheapest test wherever it needs one. Beside the killers it keeps one test of every check
-module, of every parallelism of the matrix, and of every contract family (``FAMILIES``) in
-every family of cells (``cell_family``). Written to ``ci/gate/quick-tier.txt``;
+module, of every parallelism of the matrix, and of every contract
+(``conformance.checks.CONTRACTS``) in every family of cells (each cell's descriptor names
+its family). Written to ``ci/gate/quick-tier.txt``;
 ``tests/test_quick_tier.py`` fails when that file is stale.
 
     python -m ci.gate.tier            # rewrite ci/gate/quick-tier.txt
@@ -30,29 +31,6 @@ QUICK_TIER = Path(__file__).parent / "quick-tier.txt"
 MUTATION_REPORT = SUITE_ROOT / "ci" / "mutation" / "sample-report" / "mutation.json"
 WORLD_SIZES = "1,2,4"
 UNKNOWN_DURATION_S = 5.0  # a test the recorded durations lack: neither cheap nor dear
-# The contract families: every family of cells keeps a test of each (their modules).
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "observing": ("test_observing_is_free",),
-    "resuming": ("test_resuming_commutes_with_training",),
-    "loads": ("test_loading_leaves_its_input", "test_meta_device_loads", "test_golden_checkpoints"),
-    "malformed loads": ("test_malformed_loads_name_the_key", "test_bad_checkpoints_are_refused"),
-    "async": ("test_async_saves", "test_async_save_failures", "test_async_staging"),
-    "memory": ("test_peak_memory",),
-}
-
-
-def cell_family(parallelism: str) -> str:
-    """The family of a cell: ``ddp`` (DDP, composable ``replicate``), ``fsdp1``, ``fsdp2``
-    (HSDP included), ``tp``, ``2-D`` (FSDP over TP), ``pp``, ``ep``."""
-    if parallelism in ("ddp", "replicate"):
-        return "ddp"
-    if parallelism.endswith("_tp"):
-        return "2-D"
-    if parallelism.startswith("fsdp1"):
-        return "fsdp1"
-    if parallelism.startswith(("fsdp2", "hsdp2")):
-        return "fsdp2"
-    return parallelism
 
 
 def cost(nodeid: str, durations: dict[str, float]) -> tuple[float, int, str]:
@@ -77,11 +55,15 @@ def _both(first: Covers, second: Covers) -> Covers:
 
 
 def select(
-    ids: list[str], killers: dict[str, str], durations: dict[str, float], parallelisms: list[str]
+    ids: list[str],
+    killers: dict[str, str],
+    durations: dict[str, float],
+    families: dict[str, str],
+    contracts: dict[str, tuple[str, ...]],
 ) -> list[str]:
     """The quick tier of ``ids``: every mutant's killer (``killers``: mutant -> id), then the
-    cheapest id of each check module, parallelism and (contract family, cell family) that the
-    tier lacks."""
+    cheapest id of each check module, cell and (contract, family of cells) that the tier
+    lacks. ``families``: each cell's family; ``contracts``: each contract's modules."""
     collected = set(ids)
     lost = {mutant: nodeid for mutant, nodeid in killers.items() if nodeid not in collected}
     if lost:
@@ -100,12 +82,12 @@ def select(
 
     for module in sorted({module_of(nodeid) for nodeid in ids}):
         keep_one(_in_modules((module,)))
+    parallelisms = sorted(families)
     for name in parallelisms:
         keep_one(_of_cells(parallelisms, {name}))
-    families = {cell_family(name) for name in parallelisms}
-    for modules in FAMILIES.values():
-        for family in sorted(families):
-            cells = {name for name in parallelisms if cell_family(name) == family}
+    for modules in contracts.values():
+        for family in sorted(set(families.values())):
+            cells = {name for name in parallelisms if families[name] == family}
             keep_one(_both(_in_modules(modules), _of_cells(parallelisms, cells)))
     return sorted(chosen)
 
@@ -155,10 +137,11 @@ def quick_tier_ids(path: Path = QUICK_TIER) -> list[str]:
 
 def fresh_text(ids: list[str]) -> str:
     """What ``quick-tier.txt`` holds for the suite's ``ids`` and the committed inputs."""
-    from conformance import PARALLELISMS
+    from conformance.cells import families
+    from conformance.checks import CONTRACTS
 
     durations: dict[str, float] = json.loads(RECORDED.read_text())
-    chosen = select(ids, killers_of(MUTATION_REPORT), durations, sorted(PARALLELISMS))
+    chosen = select(ids, killers_of(MUTATION_REPORT), durations, families(), CONTRACTS)
     return tier_text(chosen, durations, len(ids))
 
 

@@ -1,35 +1,70 @@
-"""The cells of the matrix: one descriptor per parallelism (how it wraps a model, the world
-sizes it runs at, its family and the checks it takes part in), and sub-worlds of some ranks."""
+"""The cells of the matrix: one descriptor per parallelism, and what the checks derive from them.
+
+A descriptor (``Parallelism``) holds how a cell wraps a model, the world sizes it runs at,
+its family, the roles it takes in checks that try one cell of a kind, the partners that load
+what it saved, and its memory model. ``_parallelisms.py`` declares every cell; the rest of
+the suite reads them through this package.
+"""
 
 from __future__ import annotations
 
-from conformance.cells._experts import from_experts, to_experts
-from conformance.cells._parallelisms import (
-    DEFAULT_MODEL,
-    PARALLELISMS,
-    Parallelism,
+from conformance.cells._applies import (
+    TP_TOLERANCE,
     comparison_tolerance,
     exists_at_size,
     first_size_and_four,
     first_size_only,
     flattened_between,
-    units,
     whole_model_at_size,
 )
+from conformance.cells._descriptor import (
+    DEFAULT_MODEL,
+    SINGLE,
+    Family,
+    MemoryModel,
+    Parallelism,
+    Partner,
+    Reshard,
+    Role,
+)
+from conformance.cells._experts import from_experts, to_experts
+from conformance.cells._parallelisms import (
+    PARALLELISMS,
+    families,
+    loaded_by,
+    memory_measured,
+    register,
+    reshards,
+    with_role,
+)
 from conformance.cells._subworld import SubWorld
+from conformance.cells._wrappers import units
 
 __all__ = [
     "DEFAULT_MODEL",
     "PARALLELISMS",
+    "SINGLE",
+    "TP_TOLERANCE",
+    "Family",
+    "MemoryModel",
     "Parallelism",
+    "Partner",
+    "Reshard",
+    "Role",
     "SubWorld",
     "comparison_tolerance",
     "exists_at_size",
+    "families",
     "first_size_and_four",
     "first_size_only",
     "flattened_between",
     "from_experts",
+    "loaded_by",
+    "memory_measured",
+    "register",
+    "reshards",
     "to_experts",
     "units",
     "whole_model_at_size",
+    "with_role",
 ]

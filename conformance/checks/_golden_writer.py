@@ -33,7 +33,7 @@ from conformance._golden import (
     state_leaves,
 )
 from conformance._upstream import dcp
-from conformance.cells import PARALLELISMS, exists_at_size
+from conformance.cells import PARALLELISMS, exists_at_size, with_role
 from conformance.compare import holds_a_part
 from conformance.divergences import resolve
 from conformance.divergences.session import applied_manifests
@@ -50,7 +50,7 @@ from conformance.training import (
 )
 from harness.machine import this_machine
 
-DCP_WRITERS = ("ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
+DCP_WRITERS = with_role("golden")
 DCP_MODES = ("sync", "async")
 # FSDP1's state-dict kinds, each by the cell that writes it: LOCAL has no optimizer state dict
 # of its own, and loads only without use_orig_params (upstream's record

@@ -23,9 +23,9 @@ release lacks skips, naming it.
   smallest world size above one and at 4, with each checkpointer. It runs with Adam at the
   smallest size, with the thread checkpointer. Every other staging choice runs with each
   checkpointer at 4 ranks, on the cells that stage each kind of tensor. Those are the
-  ``STAGING_CELLS``: plain tensors, DTensors on 1-D and 2-D meshes, FSDP1's ShardedTensors and
-  its DTensors on a device mesh. A failure names the keys and both values. It also says
-  whether the async checkpoint holds the state after the call.
+  cells of the ``staging`` role: plain tensors, DTensors on 1-D and 2-D meshes, FSDP1's
+  ShardedTensors and its DTensors on a device mesh. A failure names the keys and both
+  values. It also says whether the async checkpoint holds the state after the call.
 - **Each save its own.** Three saves in a row, with a step between each: each checkpoint
   equals ``dcp.save``'s at its own moment. The saves use the build's own staging for each
   save, or one stager kept across them (``DefaultStager``, ``BlockingAsyncStager`` or the
@@ -56,11 +56,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from conformance.cells import PARALLELISMS, SubWorld
+from conformance.cells import PARALLELISMS, SubWorld, loaded_by, reshards, with_role
 from conformance.models.common import train
 from conformance.training import (
     CHECKPOINTERS,
-    STAGING_CELLS,
     STAGINGS,
     Gate,
     Hold,
@@ -95,7 +94,7 @@ def _cases() -> list[tuple[str, str, str, str]]:
     ]
     cases += [
         (cell, RECIPE, checkpointer, staging)
-        for cell in STAGING_CELLS
+        for cell in with_role("staging")
         for staging in STAGINGS
         if staging != "default"
         for checkpointer in CHECKPOINTERS
@@ -296,7 +295,7 @@ def _rows() -> list[tuple[str, str, str, str]]:
     cell; a save it fails may leave the world to be respawned), and a caching writer not at
     all (one writer, aimed by each save at its directory, cannot write two at once)."""
     rows = []
-    for cell in STAGING_CELLS:
+    for cell in with_role("staging"):
         for checkpointer in CHECKPOINTERS:
             for stager in STAGERS_IN_A_ROW:
                 rows.append((cell, checkpointer, stager, "one_at_a_time"))
@@ -330,16 +329,7 @@ def _async_checkpoint(world: Any, training: Training, checkpointer: str, group: 
     return path
 
 
-RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
-    ("fsdp2", "fsdp2", 4),
-    ("fsdp2", "fsdp2", 2),
-    ("fsdp2", "single", 1),
-    ("fsdp1_full_shard_orig", "fsdp2", 2),
-    ("ddp", "fsdp2_tp", 4),
-    ("fsdp2_tp", "tp", 2),
-    ("tp", "fsdp1_full_shard_orig_nested", 2),
-    ("fsdp2_tp", "ddp", 4),
-]
+RESHARDS = reshards("async")  # saved by (at 4 ranks), resumed by, at how many ranks
 
 
 @pytest.mark.world(4)
@@ -360,7 +350,7 @@ def test_an_async_checkpoint_resumes_under_another_cell_as_one_process(
 
 
 @pytest.mark.world(4)
-@pytest.mark.parametrize("resumed_by", ["fsdp2", "ddp", "fsdp2_tp"])
+@pytest.mark.parametrize("resumed_by", loaded_by("fsdp2", "async_grow"))
 def test_an_async_checkpoint_of_two_ranks_resumes_at_four_as_one_process(world, resumed_by):
     """Saved asynchronously by FSDP2 on ranks 0 and 1, resumed at 4 ranks. The thread
     checkpointer only: a process checkpointer keeps the process group of the first save it

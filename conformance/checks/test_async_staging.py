@@ -32,11 +32,10 @@ from typing import Any
 import pytest
 
 import reference_impl
-from conformance.cells import PARALLELISMS
+from conformance.cells import PARALLELISMS, with_role
 from conformance.compare import assert_trees_identical, local_tensors_by_path, memory_shared_with
 from conformance.models.common import train
 from conformance.training import (
-    STAGING_CELLS,
     STAGINGS,
     Stagers,
     Staging,
@@ -73,7 +72,7 @@ def _staged(stagers: Stagers, training: Training, world: Any, name: str) -> tupl
 
 @pytest.mark.world(4)
 @pytest.mark.parametrize("staging", WITH_A_STAGER)
-@pytest.mark.parametrize("cell", STAGING_CELLS)
+@pytest.mark.parametrize("cell", with_role("staging"))
 def test_staging_copies_like_the_oracle_into_memory_of_its_own(world, cell, staging):
     choice = STAGINGS[staging]
     choice.skip_unless_available()

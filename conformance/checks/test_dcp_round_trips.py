@@ -20,7 +20,14 @@ import pytest
 import torch
 
 from conformance._upstream import dcp, dsd, full_options, with_parameters
-from conformance.cells import PARALLELISMS, SubWorld, comparison_tolerance, exists_at_size
+from conformance.cells import (
+    PARALLELISMS,
+    SubWorld,
+    comparison_tolerance,
+    exists_at_size,
+    loaded_by,
+    reshards,
+)
 from conformance.compare import assert_state_dict_equal
 from conformance.models.common import seeded_mlp, train
 from conformance.models.optimizers import adam
@@ -60,17 +67,7 @@ def test_load_restores_the_saved_state_and_training_goes_on_identically(world, n
     _assert_full_equal(_full(model, optimizer), moved_on)
 
 
-RESHARDS = [  # saved by (at 4 ranks), loaded by, at how many ranks
-    ("fsdp2", "fsdp2", 2),
-    ("fsdp2", "single", 1),
-    ("fsdp1_full_shard_orig", "fsdp2", 2),
-    ("fsdp1_full_shard_flat", "fsdp2", 2),
-    ("fsdp1_full_shard_flat", "single", 1),
-    ("ddp", "fsdp2", 2),
-    ("fsdp2_tp", "tp", 2),
-    ("fsdp2_tp", "fsdp2", 2),
-    ("tp", "ddp", 2),
-]
+RESHARDS = reshards("dcp")  # saved by (at 4 ranks), loaded by, at how many ranks
 
 
 @pytest.mark.world(4)
@@ -97,7 +94,7 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
 
 
 @pytest.mark.world(4)
-@pytest.mark.parametrize("loaded_by", ["fsdp2", "fsdp2_tp", "ddp", "fsdp1_full_shard_orig"])
+@pytest.mark.parametrize("loaded_by", loaded_by("fsdp2", "dcp_grow"))
 def test_load_at_more_ranks_than_saved(world, loaded_by):
     """Save at 2 ranks (FSDP2), load at 4: every value lands in the finer shards."""
     for name in ("fsdp2", loaded_by):

@@ -17,7 +17,7 @@ import pytest
 
 import reference_impl as ri
 from conformance._upstream import fsdp
-from conformance.cells import PARALLELISMS, SubWorld, exists_at_size
+from conformance.cells import PARALLELISMS, SubWorld, exists_at_size, reshards
 from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models.common import ground_truth, seeded_mlp, train
 from conformance.models.optimizers import OPTIMIZERS
@@ -26,14 +26,7 @@ from conformance.training import optim_settings, state_names_sorted, under_optim
 STEPS = 2
 
 # (saved by, loaded by): every pair changes the wrapping, the strategy or use_orig_params.
-PAIRS = [
-    ("fsdp1_full_shard_flat", "fsdp1_full_shard_flat_nested"),
-    ("fsdp1_full_shard_orig_nested", "fsdp1_full_shard_orig"),
-    ("fsdp1_full_shard_flat", "fsdp1_shard_grad_op_orig"),
-    ("fsdp1_shard_grad_op_orig_nested", "fsdp1_full_shard_flat"),
-    ("fsdp1_no_shard_flat", "fsdp1_full_shard_orig_nested"),
-    ("fsdp1_hybrid_shard_orig", "fsdp1_full_shard_flat_nested"),
-]
+PAIRS = [(saved_by, loaded_by) for saved_by, loaded_by, _ in reshards("fsdp1")]
 
 
 @pytest.mark.world(2, 4, applies=exists_at_size("saved_by"))

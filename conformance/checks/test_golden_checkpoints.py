@@ -48,7 +48,7 @@ from conformance._golden import (
     value_differences,
 )
 from conformance._upstream import dsd, fsdp, full_options, quiet_deprecations
-from conformance.cells import PARALLELISMS, comparison_tolerance
+from conformance.cells import PARALLELISMS, SINGLE, comparison_tolerance, with_role
 from conformance.compare import computed_differences, holds_a_part
 from conformance.divergences import release_of
 from conformance.models.common import GroundTruth, computed_on, train
@@ -67,7 +67,7 @@ from conformance.training import (
 from harness.machine import this_machine
 
 RELEASES = releases_to_load()
-DCP_READERS = ("single", "ddp", "fsdp1_full_shard_orig", "fsdp2", "tp", "fsdp2_tp", "pp", "ep")
+DCP_READERS = (SINGLE, *with_role("golden"))
 FSDP1_KINDS = ("full", "sharded", "local")
 SINGLE_MODELS = ("mlp", "moe")
 

@@ -70,7 +70,7 @@ SAVED_AFTER = 2
 
 # Cells that take a model on meta: FSDP2 and TP shard it as it is; FSDP1 materializes it on
 # the rank's device at wrapping (``to_empty``, then each module's ``reset_parameters``).
-META_CELLS = tuple(sorted(name for name in PARALLELISMS if name != "ddp"))
+META_CELLS = tuple(sorted(name for name, cell in PARALLELISMS.items() if cell.builds_on_meta))
 
 
 def _built_on_meta(cell: Parallelism, world: Any) -> nn.Module:

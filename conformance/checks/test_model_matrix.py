@@ -43,24 +43,15 @@ from conformance.cells import (
     SubWorld,
     comparison_tolerance,
     first_size_only,
+    reshards,
+    with_role,
 )
 from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models.optimizers import adam
 from conformance.models.zoo import MODELS, TRAIN_STEPS, ModelRecipe
 from conformance.training import load_checkpoint, load_options_for, save_checkpoint
 
-CELLS = (
-    "ddp",
-    "fsdp1_full_shard_orig_nested",
-    "fsdp1_full_shard_flat_nested",
-    "fsdp1_shard_grad_op_flat",
-    "fsdp1_hybrid_shard_orig_nested",
-    "fsdp2",
-    "fsdp2_keep_unsharded",
-    "hsdp2",
-    "tp",
-    "fsdp2_tp",
-)
+CELLS = with_role("zoo")
 MODEL_IDS = tuple(name for name in MODELS if name != "mlp")  # the plain MLP: the main matrix
 OPTION_SETS = {
     "sharded": {},
@@ -137,11 +128,7 @@ def test_model_load_restores_what_was_saved(world, model_id, cell):
 # Saved at 4 ranks by the first, loaded by the second at the given size ("single": one
 # process without a parallelism). FSDP1 is no saver here: at 4 ranks it leaves a rank
 # without a shard of some parameters, which DCP cannot load (see the 2.13.0 manifest).
-DCP_RESHARDS = [
-    ("fsdp2", "fsdp1_full_shard_orig_nested", 2),
-    ("hsdp2", "ddp", 2),
-    ("fsdp2", "single", 1),
-]
+DCP_RESHARDS = reshards("zoo")
 
 
 def _loaded_from_checkpoint(

@@ -32,19 +32,19 @@ import torch
 
 import reference_impl as ri
 from conformance._upstream import dcp, dsd, sdu
-from conformance.cells import PARALLELISMS, Parallelism
+from conformance.cells import PARALLELISMS, MemoryModel, Parallelism, memory_measured
 from conformance.compare import Measured, assert_within_bounds, measure, skip_without_a_probe
 from conformance.models.sized import seeded_wide_and_narrow, wide_batch
 from conformance.training import OPTIM_ORACLE_OPTIONS, _fsdp1, fsdp1_api, under_optim_settings
 from reference_impl import peak_memory as bounds
 
-# FSDP1's strategies with the original parameters, and with flat parameters once (its
-# optimizer state is one flat tensor per rank); nested wrappings hold the same tensors.
-CELLS = [
-    name
-    for name, cell in PARALLELISMS.items()
-    if not cell.nested and (not cell.flat_params or name == "fsdp1_full_shard_flat")
-]
+CELLS = memory_measured()  # the cells with a memory model (conformance/cells/_descriptor.py)
+
+
+def _memory_model(name: str) -> MemoryModel:
+    model = PARALLELISMS[name].memory
+    assert model is not None, f"{name} has no memory model"
+    return model
 
 
 def applies(size: int, name: str) -> bool:
@@ -206,9 +206,7 @@ def test_get_state_dict_stays_within_its_memory_bound(world, name):
     assert_within_bounds(world, f"w{world.size}-{name}-get", measured)
 
 
-# Upstream loads no full state dict into FSDP1 + TP (its named_parameters are not DTensors;
-# the documented way is through DCP, pytorch/pytorch#135763).
-SET_CELLS = [name for name in CELLS if name != "fsdp1_tp"]
+SET_CELLS = [name for name in CELLS if _memory_model(name).full_loads]
 
 
 @pytest.mark.world(2, 4, applies=applies)
@@ -295,11 +293,6 @@ def test_dcp_load_stays_within_its_memory_bound(world, name):
 
 
 FSDP1_CELLS = [name for name in CELLS if PARALLELISMS[name].fsdp1]
-# Conversions FSDP1 + TP cannot finish (their manifest entries hold them): with rank0_only,
-# rank 0 alone redistributes and the others wait in another collective
-# (test_fsdp1_optim_state.py); optim_state_dict_to_load fails on what optim_state_dict gave
-# (test_loading_leaves_its_input.py).
-CANNOT_CONVERT = {("fsdp1_tp", "full_rank0_only"), ("fsdp1_tp", "to_load")}
 
 
 @pytest.mark.world(2, 4, applies=applies)
@@ -314,14 +307,14 @@ def test_fsdp1_optimizer_conversions_stay_within_their_memory_bounds(world, name
     to_save, to_load = fsdp1_api("optim_state_dict"), fsdp1_api("optim_state_dict_to_load")
     measured = []
     for config, options in OPTIM_ORACLE_OPTIONS.items():
-        if (name, config) in CANNOT_CONVERT:
+        if config in _memory_model(name).unconvertible:
             continue
         bound = bounds.fsdp1_optim_state_dict_peak(
             held, rank=world.rank, unit_bytes=unit, **options
         )
         save = partial(to_save, model, optimizer)
         measured.append(measure(world, bound, partial(under_optim_settings, model, config, save)))
-    for config in () if (name, "to_load") in CANNOT_CONVERT else ("full", "sharded"):
+    for config in () if "to_load" in _memory_model(name).unconvertible else ("full", "sharded"):
         source = under_optim_settings(model, config, partial(to_save, model, optimizer))
         bound = bounds.fsdp1_optim_load_peak(held, unit_bytes=unit, shard_state=config == "sharded")
         load = partial(to_load, model, optimizer, source)

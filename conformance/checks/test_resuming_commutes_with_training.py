@@ -32,6 +32,7 @@ from conformance.cells import (
     Parallelism,
     first_size_and_four,
     flattened_between,
+    reshards,
 )
 from conformance.models.optimizers import OPTIMIZERS
 from conformance.models.zoo import MODELS
@@ -126,24 +127,7 @@ def test_resuming_with_an_empty_param_group_trains_as_never_stopped(world, cell)
     _assert_resumes_as_never_stopped(world, cell, "adam_groups", "after_2_steps")
 
 
-RESHARDS = [  # saved by (at 4 ranks), resumed by, at how many ranks
-    ("fsdp2", "fsdp2", 2),
-    ("fsdp2", "single", 1),
-    ("fsdp1_full_shard_orig", "fsdp2", 2),
-    ("fsdp1_full_shard_flat", "ddp", 4),
-    ("fsdp1_hybrid_shard_orig_nested", "fsdp1_shard_grad_op_flat", 2),
-    ("ddp", "fsdp2_tp", 4),
-    ("fsdp2_tp", "tp", 2),
-    ("tp", "fsdp1_full_shard_orig_nested", 2),
-    ("pp", "single", 1),  # two stages of two ranks each, into one process
-    ("pp", "fsdp2", 2),
-    ("fsdp2", "pp", 2),  # and back: into two stages of one rank
-    ("pp", "pp", 2),
-    ("ep", "single", 1),  # two ranks of each expert, into one process
-    ("ep", "fsdp2", 2),
-    ("fsdp2", "ep", 2),  # and back: one rank of each expert
-    ("ep", "ep", 2),
-]
+RESHARDS = reshards("resume")  # saved by (at 4 ranks), resumed by, at how many ranks
 SAVED_STEPS = 2
 
 

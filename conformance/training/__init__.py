@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from conformance.training._async import (
     CHECKPOINTERS,
-    STAGING_CELLS,
     STAGINGS,
     Cue,
     CuedStagingWriter,
@@ -88,7 +87,6 @@ __all__ = [
     "OPTIM_KINDS",
     "OPTIM_ORACLE_OPTIONS",
     "STAGINGS",
-    "STAGING_CELLS",
     "Cue",
     "CuedStagingWriter",
     "CuedWriter",

@@ -47,7 +47,6 @@ _POLL_S = 0.002
 # A cell for each kind of tensor staging sees: plain tensors, DTensors on a 1-D mesh (FSDP2,
 # uneven, empty at 4 ranks), on a 2-D mesh (FSDP2 + TP), and from FSDP1's sharded state dicts:
 # ShardedTensors, and DTensors on a device mesh, made anew at each read.
-STAGING_CELLS = ("ddp", "fsdp2", "fsdp2_tp", "fsdp1_full_shard_flat", "fsdp1_hybrid_shard_orig")
 
 
 @dataclass(frozen=True)

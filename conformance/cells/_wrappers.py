@@ -1,0 +1,117 @@
+"""How each cell wraps a model: the wrappers its descriptor names (``_parallelisms.py``).
+
+Every wrapper takes a freshly seeded model of ``conformance.models.common`` and the rank's
+world context, and returns the parallelised model. A model names its ``units`` (the
+submodules a nested wrapping wraps on their own) and, where tensor parallelism applies to it,
+its ``tp_plan()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from torch import nn
+
+from conformance._upstream import (
+    composable,
+    ddp,
+    fsdp,
+    fully_shard_on,
+    quiet_deprecations,
+    tensor_parallel,
+)
+from conformance.cells._descriptor import Wrap
+from conformance.cells._subworld import SubWorld
+
+
+def wrap_ddp(model: nn.Module, world: Any) -> nn.Module:
+    return ddp.DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
+
+
+def wrap_replicate(model: nn.Module, world: Any) -> nn.Module:
+    """Composable ``replicate``: DDP applied in place, the model's own class and FQNs kept."""
+    return composable.replicate(model, device_mesh=world.mesh(world.size, ("dp",)))
+
+
+def wrap_fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
+    def wrap(model: nn.Module, world: Any) -> nn.Module:
+        hybrid = strategy == "HYBRID_SHARD"
+        options: dict[str, Any] = {
+            "device_id": world.device,
+            "use_orig_params": use_orig_params,
+            "sharding_strategy": fsdp.ShardingStrategy[strategy],
+        }
+        mesh = _hybrid_mesh(world) if hybrid else None
+        if isinstance(world, SubWorld):
+            options["process_group"] = world.group
+        with quiet_deprecations():
+            if nested:
+                for unit in units(model):
+                    wrapped = fsdp.FullyShardedDataParallel(
+                        model.get_submodule(unit), device_mesh=mesh, **options
+                    )
+                    _replace_submodule(model, unit, wrapped)
+            return fsdp.FullyShardedDataParallel(model, device_mesh=mesh, **options)
+
+    return wrap
+
+
+def _hybrid_mesh(world: Any) -> Any:
+    """Replicas of two-rank shard groups: a (size / 2, 2) mesh of replicate and shard dims."""
+    return world.mesh((world.size // 2, 2), ("replicate", "shard"))
+
+
+def wrap_fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
+    def wrap(model: nn.Module, world: Any) -> nn.Module:
+        shard = fully_shard_on(world.device)
+        mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
+        for unit in units(model):
+            shard(model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward)
+        shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        return model
+
+    return wrap
+
+
+def units(model: nn.Module) -> tuple[str, ...]:
+    """The submodules of ``model`` that nested wrappings wrap on their own."""
+    found: tuple[str, ...] = getattr(model, "units", ())
+    return found
+
+
+def _replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent), name, module)
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
+    plan = getattr(model, "tp_plan", None)
+    if plan is None:
+        pytest.skip(f"{type(model).__name__} has no tensor-parallel plan")
+    return tensor_parallel.parallelize_module(model, mesh, plan())
+
+
+def wrap_tp(model: nn.Module, world: Any) -> nn.Module:
+    return _tensor_parallel(model, world.mesh(world.size, ("tp",)))
+
+
+def wrap_fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
+    shard = fully_shard_on(world.device)
+    mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
+    model = _tensor_parallel(model, mesh["tp"])
+    for unit in units(model):
+        shard(model.get_submodule(unit), mesh=mesh["dp"])
+    shard(model, mesh=mesh["dp"])
+    return model
+
+
+def wrap_fsdp1_tp(model: nn.Module, world: Any) -> nn.Module:
+    """FSDP1 (FULL_SHARD, ``use_orig_params``) over the ``dp`` dim of a (2, size / 2) mesh,
+    around the model made tensor-parallel over its ``tp`` dim."""
+    mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
+    model = _tensor_parallel(model, mesh["tp"])
+    with quiet_deprecations():
+        return fsdp.FullyShardedDataParallel(
+            model, device_id=world.device, device_mesh=mesh["dp"], use_orig_params=True
+        )
