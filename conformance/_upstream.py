@@ -153,6 +153,7 @@ dcp = TorchModule(
         "load",
         "async_save",
         "FileSystemWriter",
+        "FileSystemReader",
         "DefaultLoadPlanner",
         "HuggingFaceStorageWriter",
         "HuggingFaceStorageReader",
