@@ -1,16 +1,19 @@
 """Mutants of DCP's file storage (``torch/distributed/checkpoint/filesystem.py``) as it reads
-checkpoints that other releases wrote: only the golden sets (``conformance/golden/``) hold
-those, so only their checks can see these bugs."""
+checkpoints that other releases wrote, which only the golden sets (``conformance/golden/``)
+hold, and checkpoints whose files rotted after the save."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from torch.futures import Future
+
 from ci.mutation.mutants._mutant import FILESYSTEM, mutant_maker
 
 Fn = Callable[..., Any]
 GOLDEN = "conformance/checks/test_golden_checkpoints.py"
+ROTTEN = "conformance/checks/test_rotten_checkpoints.py"
 
 
 def _pairs_unversioned_storage_in_reverse(original: Fn) -> Fn:
@@ -25,6 +28,18 @@ def _pairs_unversioned_storage_in_reverse(original: Fn) -> Fn:
     return read_metadata
 
 
+def _drops_read_errors(original: Fn) -> Fn:
+    def read_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except Exception:  # the bug: the error is dropped, and the load goes on
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+
+    return read_data
+
+
 MUTANTS = [
     mutant_maker(FILESYSTEM, GOLDEN)(
         "unversioned_checkpoints_read_in_reverse",
@@ -32,5 +47,13 @@ MUTANTS = [
         "reading a checkpoint written before DCP recorded a version in its metadata (torch 2.8 "
         "and older), the reader pairs the saved entries with their stored bytes in reverse order",
         _pairs_unversioned_storage_in_reverse,
+    ),
+    mutant_maker(FILESYSTEM, ROTTEN)(
+        "read_errors_dropped",
+        "FileSystemReader.read_data",
+        "an error reading a data file (one cut short, or read at another checkpoint's offsets) "
+        "is dropped and the load completes, leaving what it did not read as it was",
+        _drops_read_errors,
+        f"{ROTTEN}::test_a_rotten_checkpoint_never_loads_other_values",
     ),
 ]
