@@ -44,7 +44,13 @@ from conformance.cells import PARALLELISMS, exists_at_size
 from conformance.compare import assert_state_dict_equal, held_part, local_copy
 from conformance.models.common import ground_truth
 from conformance.models.optimizers import OPTIMIZERS
-from conformance.training import file_hashes, fresh_training, trained, training_state
+from conformance.training import (
+    file_hashes,
+    fresh_training,
+    spoiled_hugging_face_file,
+    trained,
+    training_state,
+)
 
 Spoil = Literal["renamed", "wrong_shape", "wrong_dtype"]
 SPOILS: tuple[Spoil, ...] = ("renamed", "wrong_shape", "wrong_dtype")
@@ -146,16 +152,9 @@ def _assert_refused_naming(world: Any, refused: BaseException, file: Path) -> No
 @pytest.mark.world(1, 2, 4)
 @pytest.mark.parametrize("spoil", FILE_SPOILS)
 def test_a_spoiled_safetensors_file_is_refused_naming_it(world, spoil):
-    pytest.importorskip("safetensors")
-    writer_class = dcp.HuggingFaceStorageWriter  # every rank skips where the build lacks it
-    path = world.tmp_path / "hf"
     model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
-    if world.rank == 0:
-        dcp.save(model, storage_writer=writer_class(str(path)), no_dist=True)
-        (file,) = path.glob("*.safetensors")
-        _spoil_file(file, spoil)
-    world.barrier()
-    (file,) = path.glob("*.safetensors")
+    file = spoiled_hugging_face_file(world, model, lambda file: _spoil_file(file, spoil))
+    path = file.parent
     files = file_hashes(path)
     template = {key: torch.zeros_like(value) for key, value in model.items()}
     with pytest.raises(dcp.CheckpointException) as refused:

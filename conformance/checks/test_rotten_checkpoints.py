@@ -49,6 +49,7 @@ from conformance.models.zoo import MODELS
 from conformance.training import (
     differences,
     fresh_training,
+    spoiled_hugging_face_file,
     trained,
     training_state,
     tree_leaves,
@@ -172,16 +173,9 @@ def _refusal_of(load: Callable[[], Any]) -> BaseException | None:
 
 @pytest.mark.world(1, 2, 4)
 def test_a_rotten_safetensors_payload_is_refused_naming_the_file(world):
-    pytest.importorskip("safetensors")
-    writer_class = dcp.HuggingFaceStorageWriter  # every rank skips where the build lacks it
-    path = world.tmp_path / "hf"
     model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
-    if world.rank == 0:
-        dcp.save(model, storage_writer=writer_class(str(path)), no_dist=True)
-        (file,) = path.glob("*.safetensors")
-        _flip_a_safetensors_payload_byte(file)
-    world.barrier()
-    (file,) = path.glob("*.safetensors")
+    file = spoiled_hugging_face_file(world, model, _flip_a_safetensors_payload_byte)
+    path = file.parent
     template = {key: torch.zeros_like(value) for key, value in model.items()}
     saved = tree_leaves(model)
     reader = dcp.HuggingFaceStorageReader(str(path))

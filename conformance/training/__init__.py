@@ -31,6 +31,7 @@ from conformance.training._dcp import (
     load_checkpoint,
     load_options_for,
     save_checkpoint,
+    spoiled_hugging_face_file,
     training_state,
 )
 from conformance.training._fsdp1 import (
@@ -126,6 +127,7 @@ __all__ = [
     "skip_unless_checkpointer",
     "snapshot",
     "spmd_property",
+    "spoiled_hugging_face_file",
     "start_async_save",
     "state_names_sorted",
     "torch_model_load",

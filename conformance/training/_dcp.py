@@ -8,9 +8,11 @@ there is one, travels beside them as plain values, as training loops keep it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from conformance._upstream import dcp, dsd, with_parameters
@@ -98,3 +100,21 @@ def file_hashes(path: Path) -> dict[str, str]:
         for file in sorted(path.rglob("*"))
         if file.is_file()
     }
+
+
+def spoiled_hugging_face_file(
+    world: Any, state: dict[str, torch.Tensor], spoil: Callable[[Path], None]
+) -> Path:
+    """``state`` saved by rank 0 alone through ``HuggingFaceStorageWriter`` under the world's
+    temporary folder, its safetensors file then spoiled by ``spoil`` there; every rank waits
+    for it and gets the file. Every rank skips where the build lacks the writer."""
+    pytest.importorskip("safetensors")
+    writer_class = dcp.HuggingFaceStorageWriter
+    path = world.tmp_path / "hf"
+    if world.rank == 0:
+        dcp.save(state, storage_writer=writer_class(str(path)), no_dist=True)
+        (file,) = path.glob("*.safetensors")
+        spoil(file)
+    world.barrier()
+    (file,) = path.glob("*.safetensors")
+    return file
