@@ -82,6 +82,7 @@ def _as_twin(nodeid: str) -> str | None:
     return f"{function_of(nodeid)}[{'-'.join(params)}]"
 
 
+@pytest.mark.slow
 def test_the_twin_reaches_every_check_of_ddp(with_twin) -> None:
     ids, _ = with_twin
     collected = set(ids)
@@ -101,6 +102,7 @@ def test_the_twin_reaches_every_check_of_ddp(with_twin) -> None:
     assert {"_golden_writer", "test_golden_checkpoints", "test_async_staging"} <= reached
 
 
+@pytest.mark.slow
 def test_the_twin_is_in_the_tier(with_twin) -> None:
     ids, families = with_twin
     assert families[TWIN] == "ddp"
