@@ -37,7 +37,7 @@ RECORD = "record.json"
 # How a set is written: the writer's tests (run by ``python -m ci.gate.golden``) train
 # ``RECIPE`` ``STEPS`` steps and write under ``$OUT_VARIABLE``, each leaving its checkpoint's
 # entry under ``ENTRIES`` for ``assemble_record``.
-WRITER = Path(__file__).parent / "_golden_writer.py"
+WRITER = Path(__file__).parent / "checks" / "_golden_writer.py"
 OUT_VARIABLE = "GOLDEN_OUT"
 ENTRIES = ".entries"
 RECIPE = "adamw_step_lr"
