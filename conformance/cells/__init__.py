@@ -31,7 +31,7 @@ from conformance.cells._experts import from_experts, to_experts
 from conformance.cells._parallelisms import (
     PARALLELISMS,
     families,
-    loaded_by,
+    loaders_of,
     memory_measured,
     register,
     reshards,
@@ -59,7 +59,7 @@ __all__ = [
     "first_size_only",
     "flattened_between",
     "from_experts",
-    "loaded_by",
+    "loaders_of",
     "memory_measured",
     "register",
     "reshards",

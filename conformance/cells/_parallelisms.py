@@ -230,7 +230,7 @@ def reshards(check: Reshard) -> list[tuple[str, str, int | None]]:
     ]
 
 
-def loaded_by(saved_by: str, check: Reshard) -> list[str]:
+def loaders_of(saved_by: str, check: Reshard) -> list[str]:
     """The cells that ``check`` loads into from what ``saved_by`` saved."""
     return [
         partner.loaded_by for partner in PARALLELISMS[saved_by].partners if check in partner.checks

@@ -56,7 +56,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from conformance.cells import PARALLELISMS, SubWorld, loaded_by, reshards, with_role
+from conformance.cells import PARALLELISMS, SubWorld, loaders_of, reshards, with_role
 from conformance.models.common import train
 from conformance.training import (
     CHECKPOINTERS,
@@ -350,7 +350,7 @@ def test_an_async_checkpoint_resumes_under_another_cell_as_one_process(
 
 
 @pytest.mark.world(4)
-@pytest.mark.parametrize("resumed_by", loaded_by("fsdp2", "async_grow"))
+@pytest.mark.parametrize("resumed_by", loaders_of("fsdp2", "async_grow"))
 def test_an_async_checkpoint_of_two_ranks_resumes_at_four_as_one_process(world, resumed_by):
     """Saved asynchronously by FSDP2 on ranks 0 and 1, resumed at 4 ranks. The thread
     checkpointer only: a process checkpointer keeps the process group of the first save it

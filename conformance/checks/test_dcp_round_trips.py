@@ -25,7 +25,7 @@ from conformance.cells import (
     SubWorld,
     comparison_tolerance,
     exists_at_size,
-    loaded_by,
+    loaders_of,
     reshards,
 )
 from conformance.compare import assert_state_dict_equal
@@ -94,7 +94,7 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
 
 
 @pytest.mark.world(4)
-@pytest.mark.parametrize("loaded_by", loaded_by("fsdp2", "dcp_grow"))
+@pytest.mark.parametrize("loaded_by", loaders_of("fsdp2", "dcp_grow"))
 def test_load_at_more_ranks_than_saved(world, loaded_by):
     """Save at 2 ranks (FSDP2), load at 4: every value lands in the finer shards."""
     for name in ("fsdp2", loaded_by):

@@ -41,16 +41,16 @@ import pytest
 import torch
 
 from conformance._upstream import dcp
-from conformance.cells import PARALLELISMS, first_size_only, with_role
+from conformance.cells import PARALLELISMS, SINGLE, first_size_only, with_role
 from conformance.compare import holds_a_part, local_tensors_by_path
 from conformance.models.common import ground_truth, train
 from conformance.models.optimizers import OPTIMIZERS
-from conformance.models.zoo import MODELS
 from conformance.training import (
     differences,
     fresh_training,
     spoiled_hugging_face_file,
     trained,
+    training_in,
     training_state,
     tree_leaves,
 )
@@ -124,8 +124,7 @@ def _load_rotten(world: Any, cell: str, rot: Rot) -> tuple[BaseException | None,
 def _save_one_step_later_alone(world: Any, model_id: str, other: Path, flatten: bool) -> None:
     """On this rank alone: the zoo's ``model_id`` trained one step more than the cell's, saved
     by one process in the cell's form of optimizer state."""
-    model = MODELS[model_id].build().to(world.device)
-    optimizer, scheduler = OPTIMIZERS[RECIPE].build(model)
+    model, optimizer, scheduler = training_in(SINGLE, world, RECIPE, model_id)
     train(model, optimizer, SAVED_AFTER + 1, scheduler)
     state = training_state(model, optimizer, None, flatten=flatten)
     dcp.save(state, checkpoint_id=str(other), no_dist=True)
