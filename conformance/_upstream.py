@@ -160,6 +160,10 @@ dcp = TorchModule(
         "CheckpointException",
     ),
 )
+# DCP's writer and reader of fsspec's stores (object stores, memory, file URLs).
+dcp_fsspec = TorchModule(
+    "torch.distributed.checkpoint._fsspec_filesystem", ("FsspecWriter", "FsspecReader")
+)
 dcp_saver = TorchModule(
     "torch.distributed.checkpoint.state_dict_saver", ("AsyncCheckpointerType", "AsyncSaveResponse")
 )
@@ -239,6 +243,7 @@ MODULES: tuple[TorchModule, ...] = (
     sdu,
     dsd,
     dcp,
+    dcp_fsspec,
     dcp_saver,
     dcp_staging,
     dcp_state_dict_stager,

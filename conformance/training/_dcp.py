@@ -49,31 +49,36 @@ def training_state(
 def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    path: str,
+    path: str | None,
     *,
     scheduler: Scheduler | None = None,
     flatten: bool | None = None,
     **kwargs: Any,
 ) -> None:
     """Save the model's, optimizer's and scheduler's state under ``path`` (``flatten``: see
-    ``training_state``; ``kwargs`` go to ``dcp.save``)."""
+    ``training_state``; ``kwargs`` go to ``dcp.save``). ``path`` None: the ``storage_writer``
+    in ``kwargs`` knows where (see ``load_checkpoint``)."""
     state = training_state(model, optimizer, scheduler, flatten=flatten)
-    dcp.save(state, checkpoint_id=path, **kwargs)
+    where = {} if path is None else {"checkpoint_id": path}
+    dcp.save(state, **where, **kwargs)
 
 
 def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    path: str,
+    path: str | None,
     *,
     scheduler: Scheduler | None = None,
     flatten: bool | None = None,
     **kwargs: Any,
 ) -> None:
     """Load ``path`` into the model, optimizer and scheduler (``flatten``: see
-    ``training_state``; ``kwargs`` go to ``dcp.load``)."""
+    ``training_state``; ``kwargs`` go to ``dcp.load``). ``path`` None: the
+    ``storage_reader`` in ``kwargs`` knows where the checkpoint is (a ``checkpoint_id`` would
+    point it there anew, without the options it was made with)."""
     state = training_state(model, optimizer, scheduler, flatten=flatten)
-    dcp.load(state, checkpoint_id=path, **kwargs)
+    where = {} if path is None else {"checkpoint_id": path}
+    dcp.load(state, **where, **kwargs)
     dsd.set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
