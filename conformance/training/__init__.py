@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from conformance.training._async import (
     CHECKPOINTERS,
+    HOLD_LIMIT_S,
     STAGINGS,
     Cue,
     CuedStagingWriter,
@@ -25,6 +26,7 @@ from conformance.training._async import (
     cued_writer,
     skip_unless_checkpointer,
     start_async_save,
+    wait_for,
 )
 from conformance.training._dcp import (
     file_hashes,
@@ -83,6 +85,7 @@ __all__ = [
     "BETWEEN_STEPS",
     "CHECKPOINTERS",
     "FSDP1_CELLS",
+    "HOLD_LIMIT_S",
     "MODEL_KINDS",
     "MORE_STEPS",
     "OPTIM_KINDS",
@@ -139,4 +142,5 @@ __all__ = [
     "tree_leaves",
     "under_optim_settings",
     "unobserved",
+    "wait_for",
 ]

@@ -208,7 +208,7 @@ class Gate:
     def wait_until_held(self, checkpointer: Checkpointer) -> None:
         """Return once the write waits at this gate."""
         what = f"no write of {self.checkpoint.name} reached its gate"
-        _wait_for(self.held_mark, what, FINISH_LIMIT_S[checkpointer])
+        wait_for(self.held_mark, what, FINISH_LIMIT_S[checkpointer])
 
     def wait_until_reached(self, checkpointer: Checkpointer) -> None:
         """Return once the save reached its checkpointer: its write waits at this gate (a
@@ -218,7 +218,7 @@ class Gate:
             self.wait_until_held(checkpointer)
         else:
             what = f"no request to save {self.checkpoint.name} reached the checkpointer process"
-            _wait_for(self.handed_mark, what, FINISH_LIMIT_S[checkpointer])
+            wait_for(self.handed_mark, what, FINISH_LIMIT_S[checkpointer])
 
     def release(self) -> None:
         self.release_mark.touch()
@@ -235,7 +235,7 @@ class Hold:
         gate = Gate(checkpoint, self.rank)
         gate.held_mark.touch()
         what = f"the test released no held write of {checkpoint.name}"
-        _wait_for(gate.release_mark, what, HOLD_LIMIT_S)
+        wait_for(gate.release_mark, what, HOLD_LIMIT_S)
 
     def handed_over(self, checkpoint: Path) -> None:
         Gate(checkpoint, self.rank).handed_mark.touch()
@@ -249,7 +249,9 @@ class Unheld(_Cue):
         pass
 
 
-def _wait_for(path: Path, failure: str, limit_s: float) -> None:
+def wait_for(path: Path, failure: str, limit_s: float) -> None:
+    """Return once ``path`` exists (a mark another thread or process makes); raise
+    ``TimeoutError`` saying ``failure`` where it does not within ``limit_s``."""
     deadline = time.monotonic() + limit_s
     while not path.exists():
         if time.monotonic() > deadline:
@@ -478,21 +480,20 @@ def _headline(error: BaseException) -> str:
 
 def start_async_save(
     state: dict[str, Any],
-    checkpoint: Path,
-    writer: CuedWriter,
+    checkpoint: Path | None,
+    writer: Any,
     checkpointer: Checkpointer,
     group: Any,
     stager: Any | None = None,
 ) -> PendingSave:
     """``dcp.async_save`` of ``state`` to ``checkpoint`` through ``writer`` (which may have
-    written elsewhere before) with ``checkpointer`` and ``stager`` (None: none given), its
-    collectives on ``group``; a skip naming what the release lacks."""
+    written elsewhere before; where ``checkpoint`` is None, where the writer points) with
+    ``checkpointer`` and ``stager`` (None: none given), its collectives on ``group``; a skip
+    naming what the release lacks."""
     save = dcp.async_save
-    options: dict[str, Any] = {
-        "checkpoint_id": str(checkpoint),
-        "storage_writer": writer,
-        "process_group": group,
-    }
+    options: dict[str, Any] = {"storage_writer": writer, "process_group": group}
+    if checkpoint is not None:
+        options["checkpoint_id"] = str(checkpoint)
     if checkpointer != "thread":  # the thread is every release's default
         with_parameters(save, "async_checkpointer_type")
         options["async_checkpointer_type"] = dcp_saver.AsyncCheckpointerType(checkpointer)
