@@ -29,8 +29,10 @@ PLANNER_HELPERS = "torch.distributed.checkpoint.planner_helpers"
 # DCP's conversions to and from torch.save files, and its Hugging Face safetensors writer.
 FORMAT_UTILS = "torch.distributed.checkpoint.format_utils"
 HF_STORAGE = "torch.distributed.checkpoint.hf_storage"
-# DCP's file storage, as it reads checkpoints that other releases wrote.
+# DCP's file storage, as it reads checkpoints that other releases wrote and as it writes them
+# to a store that fails; its fsspec storage, for stores besides a local folder.
 FILESYSTEM = "torch.distributed.checkpoint.filesystem"
+FSSPEC = "torch.distributed.checkpoint._fsspec_filesystem"
 UPSTREAM_MODULES = (
     *MODELLED_MODULES,
     *ASYNC_MODULES,
@@ -39,6 +41,7 @@ UPSTREAM_MODULES = (
     FORMAT_UTILS,
     HF_STORAGE,
     FILESYSTEM,
+    FSSPEC,
 )
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]

@@ -1,6 +1,7 @@
 """Mutants of DCP's file storage (``torch/distributed/checkpoint/filesystem.py``) as it reads
 checkpoints that other releases wrote, which only the golden sets (``conformance/golden/``)
-hold, and checkpoints whose files rotted after the save."""
+hold, checkpoints whose files rotted after the save, and saves its store fails; and of its
+fsspec storage (``_fsspec_filesystem.py``), which writes to stores besides a local folder."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 
 from torch.futures import Future
 
-from ci.mutation.mutants._mutant import FILESYSTEM, mutant_maker
+from ci.mutation.mutants._mutant import FILESYSTEM, FSSPEC, mutant_maker
 
 Fn = Callable[..., Any]
 GOLDEN = "conformance/checks/test_golden_checkpoints.py"
 ROTTEN = "conformance/checks/test_rotten_checkpoints.py"
+FAULTS = "conformance/checks/test_store_faults.py"
+STORES = "conformance/checks/test_object_stores.py"
 
 
 def _pairs_unversioned_storage_in_reverse(original: Fn) -> Fn:
@@ -40,6 +43,25 @@ def _drops_read_errors(original: Fn) -> Fn:
     return read_data
 
 
+def _reports_failed_writes_as_done(original: Fn) -> Fn:
+    def write_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except Exception:  # the bug: the failed write counts as a write of nothing
+            done: Future[list[Any]] = Future()
+            done.set_result([])
+            return done
+
+    return write_data
+
+
+def _renames_by_copying(original: Fn) -> Fn:
+    def rename(self: Any, path: Any, new_path: Any) -> None:
+        self.fs.copy(path, new_path)  # the bug: the source is left where it was
+
+    return rename
+
+
 MUTANTS = [
     mutant_maker(FILESYSTEM, GOLDEN)(
         "unversioned_checkpoints_read_in_reverse",
@@ -55,5 +77,21 @@ MUTANTS = [
         "is dropped and the load completes, leaving what it did not read as it was",
         _drops_read_errors,
         f"{ROTTEN}::test_a_rotten_checkpoint_never_loads_other_values",
+    ),
+    mutant_maker(FILESYSTEM, FAULTS)(
+        "failed_writes_reported_done",
+        "FileSystemWriter.write_data",
+        "a rank whose data file fails to write (a full disk) reports its write done with nothing "
+        "written, so the save commits a .metadata that claims a whole checkpoint",
+        _reports_failed_writes_as_done,
+        f"{FAULTS}::test_a_save_the_store_fails_is_refused_everywhere_and_claims_nothing",
+    ),
+    mutant_maker(FSSPEC, STORES)(
+        "fsspec_rename_leaves_the_source",
+        "FileSystem.rename",
+        "the fsspec store renames by copying, so every checkpoint it writes keeps a "
+        ".metadata.tmp beside its .metadata",
+        _renames_by_copying,
+        f"{STORES}::test_a_checkpoint_in_a_store_holds_and_loads_what_local_disk_does",
     ),
 ]
