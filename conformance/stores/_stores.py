@@ -31,13 +31,13 @@ class Store:
 
     name: StoreName
     shared: bool
-    needs: str | None = None  # the module the store is reached through, where fsspec lacks it
+    needs: tuple[str, ...] = ()  # the modules besides fsspec it is reached or served through
 
     def open(self, world: Any) -> OpenStore:
         """This store for the test ``world`` runs: a skip naming what is missing, where this
         environment cannot reach it. Every rank calls it alike (rank 0 may start a server)."""
-        if self.needs is not None:
-            pytest.importorskip(self.needs, reason=f"the {self.name} store needs {self.needs}")
+        for module in self.needs:
+            pytest.importorskip(module, reason=f"the {self.name} store needs {module}")
         if self.name == "s3":
             options = storage_options_at(_server_port(world))
             return OpenStore(self, f"s3://{BUCKET}/{_test_key(world)}", options)
@@ -79,7 +79,7 @@ STORES: dict[StoreName, Store] = {
     for store in (
         Store("memory", shared=False),
         Store("file", shared=True),
-        Store("s3", shared=True, needs="s3fs"),
+        Store("s3", shared=True, needs=("s3fs", "moto")),
     )
 }
 
