@@ -90,14 +90,8 @@ def _async_cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("cell", sorted(PARALLELISMS))
 @pytest.mark.parametrize("store", sorted(STORES))
 def test_a_checkpoint_in_a_store_holds_and_loads_what_local_disk_does(world, store, cell):
-    parallelism = PARALLELISMS[cell]
-    parallelism.skip_unless_runnable(world.device)
     opened = STORES[store].open(world)
-    model, optimizer = _model_and_optimizer(cell, world)
-    train(model, optimizer, SAVED_AFTER)
-    state = training_state(model, optimizer, None, flatten=True)
-    local = world.tmp_path / "local"
-    dcp.save(state, checkpoint_id=str(local))
+    model, optimizer, state, local = _trained_and_saved_locally(world, cell)
     dcp.save(state, storage_writer=opened.writer("checkpoint"))
     _assert_holds_the_local_files(world, opened, "checkpoint", local)
     loads = {}
@@ -152,20 +146,26 @@ def test_a_resharded_load_from_a_store_equals_one_from_local_disk(
 def test_an_async_save_to_a_store_writes_what_dcp_save_writes_locally(
     world, store, checkpointer, cell
 ):
-    parallelism = PARALLELISMS[cell]
-    parallelism.skip_unless_runnable(world.device)
     skip_unless_checkpointer(checkpointer)
     opened = STORES[store].open(world)
-    model, optimizer = _model_and_optimizer(cell, world)
-    train(model, optimizer, SAVED_AFTER)
-    state = training_state(model, optimizer, None, flatten=True)
-    local = world.tmp_path / "local"
-    dcp.save(state, checkpoint_id=str(local))
+    _, _, state, local = _trained_and_saved_locally(world, cell)
     group = dist.new_group(backend="gloo")
     writer = opened.writer("async")
     start_async_save(state, None, writer, checkpointer, group).finish()
     _assert_holds_the_local_files(world, opened, "async", local)
     world.barrier()
+
+
+def _trained_and_saved_locally(world: Any, cell: str) -> tuple[Any, Any, dict[str, Any], Path]:
+    """``cell`` trained ``SAVED_AFTER`` steps: its model and optimizer, their state (the
+    optimizer's flattened) and the local folder ``dcp.save`` wrote it to."""
+    PARALLELISMS[cell].skip_unless_runnable(world.device)
+    model, optimizer = _model_and_optimizer(cell, world)
+    train(model, optimizer, SAVED_AFTER)
+    state = training_state(model, optimizer, None, flatten=True)
+    local = world.tmp_path / "local"
+    dcp.save(state, checkpoint_id=str(local))
+    return model, optimizer, state, local
 
 
 def _model_and_optimizer(name: str, world: Any) -> tuple[Any, Any]:
