@@ -13,9 +13,11 @@ URL, DCP's fsspec writer and reader for it, and the bytes of each file a checkpo
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import fsspec.config
 import pytest
 import torch.distributed as dist
 
@@ -59,10 +61,22 @@ class OpenStore:
 
     def writer(self, name: str, **options: Any) -> Any:
         """DCP's fsspec writer of the checkpoint ``name`` (``options``: the writer's own)."""
-        return dcp_fsspec.FsspecWriter(self.url(name), **options, **self.storage_options)
+        return self._made(dcp_fsspec.FsspecWriter, name, **options)
 
     def reader(self, name: str) -> Any:
-        return dcp_fsspec.FsspecReader(self.url(name), **self.storage_options)
+        return self._made(dcp_fsspec.FsspecReader, name)
+
+    def _made(self, kind: Any, name: str, **options: Any) -> Any:
+        """``kind`` (DCP's fsspec writer or reader) of ``name``, given the store's options.
+        A release whose writer and reader take none (2.6) reaches the store as its users
+        do: through fsspec's configured defaults for the URL's protocol, set here."""
+        parameters = inspect.signature(kind.__init__).parameters.values()
+        if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return kind(self.url(name), **options, **self.storage_options)
+        if self.storage_options:
+            protocol = self.root.split("://", 1)[0]
+            fsspec.config.conf[protocol] = dict(self.storage_options)
+        return kind(self.url(name), **options)
 
     def files(self, name: str) -> dict[str, bytes]:
         """Every file the checkpoint ``name`` holds, by its name within it, with its bytes."""
