@@ -29,16 +29,14 @@ from conformance.cells import (
     reshards,
 )
 from conformance.compare import assert_state_dict_equal
-from conformance.models.common import seeded_mlp, train
-from conformance.models.optimizers import adam
-from conformance.models.zoo import model_of
-from conformance.training import file_hashes, load_checkpoint, load_options_for, save_checkpoint
-
-
-def _model_and_optimizer(name: str, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The MLP on one process (``single``), or the model of the cell ``name``, wrapped."""
-    model = seeded_mlp() if name == "single" else model_of(PARALLELISMS[name], world)
-    return model, adam(model)
+from conformance.models.common import train
+from conformance.training import (
+    file_hashes,
+    load_checkpoint,
+    load_options_for,
+    model_and_adam,
+    save_checkpoint,
+)
 
 
 def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
@@ -54,7 +52,7 @@ def _assert_full_equal(actual: tuple[Any, Any], expected: tuple[Any, Any], **tol
 @pytest.mark.world(1, 2, 4, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_load_restores_the_saved_state_and_training_goes_on_identically(world, name):
-    model, optimizer = _model_and_optimizer(name, world)
+    model, optimizer = model_and_adam(name, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")
     save_checkpoint(model, optimizer, path)
@@ -77,7 +75,7 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
     for name in (saved_by, loaded_by):
         if name in PARALLELISMS:
             PARALLELISMS[name].skip_unless_runnable(world.device)
-    model, optimizer = _model_and_optimizer(saved_by, world)
+    model, optimizer = model_and_adam(saved_by, world)
     train(model, optimizer, steps=2)
     path = str(world.tmp_path / "checkpoint")
     save_checkpoint(model, optimizer, path)
@@ -86,7 +84,7 @@ def test_resharding_load_keeps_every_value(world, saved_by, loaded_by, load_size
     loaders = SubWorld(world, load_size)
     load = load_options_for(loaders)
     if loaders.member:
-        target, target_optimizer = _model_and_optimizer(loaded_by, loaders)
+        target, target_optimizer = model_and_adam(loaded_by, loaders)
         load_checkpoint(target, target_optimizer, path, **load)
         cells = [PARALLELISMS[n] for n in (saved_by, loaded_by) if n in PARALLELISMS]
         _assert_full_equal(_full(target, target_optimizer), saved, **comparison_tolerance(*cells))
@@ -103,12 +101,12 @@ def test_load_at_more_ranks_than_saved(world, loaded_by):
     path = str(world.tmp_path / "checkpoint")
     saved: tuple[Any, Any] | None = None
     if savers.member:
-        model, optimizer = _model_and_optimizer("fsdp2", savers)
+        model, optimizer = model_and_adam("fsdp2", savers)
         train(model, optimizer, steps=2)
         save_checkpoint(model, optimizer, path, process_group=savers.group)
         saved = _full(model, optimizer)
     world.barrier()
-    target, target_optimizer = _model_and_optimizer(loaded_by, world)
+    target, target_optimizer = model_and_adam(loaded_by, world)
     load_checkpoint(target, target_optimizer, path)
     loaded = _full(target, target_optimizer)
     if saved is not None:
@@ -124,7 +122,7 @@ def test_a_save_over_a_checkpoint_replaces_it_only_where_allowed(world, name):
     PARALLELISMS[name].skip_unless_runnable(world.device)
     with_parameters(dcp.FileSystemWriter, "overwrite")
     path = world.tmp_path / "checkpoint"
-    model, optimizer = _model_and_optimizer(name, world)
+    model, optimizer = model_and_adam(name, world)
 
     def save(overwrite: bool) -> None:
         writer = dcp.FileSystemWriter(path, overwrite=overwrite)
@@ -140,6 +138,6 @@ def test_a_save_over_a_checkpoint_replaces_it_only_where_allowed(world, name):
     with pytest.raises(dcp.CheckpointException, match="already exists"):
         save(overwrite=False)
     assert file_hashes(path) == files, f"rank {world.rank}: the refused save changed the files"
-    fresh, fresh_optimizer = _model_and_optimizer(name, world)
+    fresh, fresh_optimizer = model_and_adam(name, world)
     load_checkpoint(fresh, fresh_optimizer, str(path))
     _assert_full_equal(_full(fresh, fresh_optimizer), later)

@@ -44,15 +44,14 @@ import torch.distributed as dist
 
 from conformance._upstream import dcp
 from conformance.cells import PARALLELISMS, SubWorld, reshards, with_role
-from conformance.models.common import seeded_mlp, train
-from conformance.models.optimizers import adam
-from conformance.models.zoo import model_of
+from conformance.models.common import train
 from conformance.stores import STORES, OpenStore
 from conformance.training import (
     CHECKPOINTERS,
     differences,
     load_checkpoint,
     load_options_for,
+    model_and_adam,
     save_checkpoint,
     skip_unless_checkpointer,
     start_async_save,
@@ -117,7 +116,7 @@ def test_a_resharded_load_from_a_store_equals_one_from_local_disk(
         if name in PARALLELISMS:
             PARALLELISMS[name].skip_unless_runnable(world.device)
     opened = STORES[store].open(world)
-    model, optimizer = _model_and_optimizer(saved_by, world)
+    model, optimizer = model_and_adam(saved_by, world)
     train(model, optimizer, steps=SAVED_AFTER)
     local = str(world.tmp_path / "local")
     save_checkpoint(model, optimizer, local, flatten=True)
@@ -160,7 +159,7 @@ def _trained_and_saved_locally(world: Any, cell: str) -> tuple[Any, Any, dict[st
     """``cell`` trained ``SAVED_AFTER`` steps: its model and optimizer, their state (the
     optimizer's flattened) and the local folder ``dcp.save`` wrote it to."""
     PARALLELISMS[cell].skip_unless_runnable(world.device)
-    model, optimizer = _model_and_optimizer(cell, world)
+    model, optimizer = model_and_adam(cell, world)
     train(model, optimizer, SAVED_AFTER)
     state = training_state(model, optimizer, None, flatten=True)
     local = world.tmp_path / "local"
@@ -168,15 +167,9 @@ def _trained_and_saved_locally(world: Any, cell: str) -> tuple[Any, Any, dict[st
     return model, optimizer, state, local
 
 
-def _model_and_optimizer(name: str, world: Any) -> tuple[Any, Any]:
-    """The MLP on one process (``single``), or the model of the cell ``name``, wrapped."""
-    model = seeded_mlp() if name == "single" else model_of(PARALLELISMS[name], world)
-    return model, adam(model)
-
-
 def _loaded(name: str, world: Any, path: str | None, **load: Any) -> dict[str, Any]:
     """Fresh objects of ``name`` after loading the checkpoint: their state's leaves."""
-    model, optimizer = _model_and_optimizer(name, world)
+    model, optimizer = model_and_adam(name, world)
     load_checkpoint(model, optimizer, path, flatten=True, **load)
     return tree_leaves(training_state(model, optimizer, None, flatten=True))
 

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from conformance._upstream import dtensor, sharded_tensor
-from conformance.cells import Parallelism
-from conformance.models.common import train
-from conformance.models.optimizers import OPTIMIZERS
-from conformance.models.zoo import MODELS
+from conformance.cells import PARALLELISMS, Parallelism
+from conformance.models.common import seeded_mlp, train
+from conformance.models.optimizers import OPTIMIZERS, adam
+from conformance.models.zoo import MODELS, model_of
 
 Snapshot = dict[str, Any]
 Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -184,6 +184,13 @@ def train_observed(
         if step == 0:
             at_moment(BETWEEN_STEPS)
     return taken
+
+
+def model_and_adam(name: str, world: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The MLP on one process (``single``), or the model of the cell ``name``, wrapped; with
+    Adam: the objects DCP round trips save and load, and their partners at any size."""
+    model = seeded_mlp() if name == "single" else model_of(PARALLELISMS[name], world)
+    return model, adam(model)
 
 
 def fresh_training(
