@@ -49,6 +49,7 @@ from conformance.training import (
     CuedWriter,
     Gate,
     Hold,
+    Training,
     Unheld,
     differences,
     file_hashes,
@@ -82,9 +83,9 @@ def _stream_fault(fault: Fault) -> StreamFault | None:
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("cell", with_role("golden"))
 def test_a_save_the_store_fails_is_refused_everywhere_and_claims_nothing(world, cell, fault):
-    training = _trained_with_a_previous_checkpoint(world, cell)
+    model, optimizer, _ = _trained_with_a_previous_checkpoint(world, cell)
     previous = file_hashes(world.tmp_path / "previous")
-    state = training_state(training[0], training[1], None)
+    state = training_state(model, optimizer, None)
     target = world.tmp_path / "checkpoint"
     stream_fault = _stream_fault(fault)
     if stream_fault is None:  # unwritable_target
@@ -115,10 +116,10 @@ def test_a_save_the_store_fails_is_refused_everywhere_and_claims_nothing(world, 
 @pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", with_role("golden"))
 def test_a_failed_save_over_a_checkpoint_leaves_it_or_no_claim(world, cell):
-    training = _trained_with_a_previous_checkpoint(world, cell)
+    model, optimizer, _ = _trained_with_a_previous_checkpoint(world, cell)
     folder = world.tmp_path / "previous"
     previous = tree_leaves(_loaded_state(world, cell, folder))
-    state = training_state(training[0], training[1], None)
+    state = training_state(model, optimizer, None)
     fault = StreamFault(errno.ENOSPC, "data", AT_BYTE)
     failing = fault if _fails_here(world, fault) else None
     writer = failing_writer(folder, failing, overwrite=True)
@@ -199,7 +200,7 @@ class _MarksItsWrite(CuedWriter):
         return done
 
 
-def _trained_with_a_previous_checkpoint(world: Any, cell: str) -> Any:
+def _trained_with_a_previous_checkpoint(world: Any, cell: str) -> Training:
     """``cell`` trained ``SAVED_AFTER`` steps, its state one step earlier saved at
     ``previous``."""
     parallelism = PARALLELISMS[cell]
