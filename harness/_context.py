@@ -42,6 +42,8 @@ class WorldContext:
     after_test: AfterTest = field(default_factory=AfterTest)
     # The rank's meshes kept between tests (``_groups``); None: a new mesh at each call.
     meshes: KeptMeshes | None = None
+    # Tells the controller something during the body (spawn mode); None under torchrun.
+    tell_controller: Callable[[object], None] | None = None
 
     @property
     def tmp_path(self) -> Path:
@@ -118,6 +120,22 @@ class WorldContext:
         not: a test that must leave a fresh world behind skips there."""
         if self.launcher == "torchrun":
             return False
+        self.after_test.respawn = True
+        return True
+
+    def may_be_killed(self, rank: int) -> bool:
+        """Say, on every rank, that ``rank`` may be killed with SIGKILL during this test, by
+        the test's own doing (a save cut short, as by a preemption), before anything that may
+        kill it runs. Its death by SIGKILL is then its part of the test, not a crash; the other
+        ranks' results are the verdict, under the test's deadline, and the next test gets a
+        fresh world. Return whether that holds, alike on every rank: under torchrun, where a
+        rank's death ends the launched world, it does not, and such a test skips there."""
+        if self.launcher == "torchrun" or self.tell_controller is None:
+            return False
+        from harness import _messages as msg
+
+        if rank == self.rank:
+            self.tell_controller(msg.MayBeKilled(rank=self.rank))
         self.after_test.respawn = True
         return True
 

@@ -99,6 +99,15 @@ class BodyEnded:
 
 
 @dataclass(frozen=True)
+class MayBeKilled:
+    """Rank → controller, during a test body: this rank may be killed (SIGKILL) before it
+    reports, as its test arranges (``WorldContext.may_be_killed``). Its death by SIGKILL is
+    then its part of the test, not a crash."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
 class RankResult:
     """Rank → controller: how one test body ended on one rank.
 

@@ -144,6 +144,7 @@ class RankLoop:
             shared_dir=Path(call.tmp_path),
             launcher="spawn",
             meshes=self.meshes,
+            tell_controller=self.conn.send,
         )
         default_dtype = torch.get_default_dtype()
         with self.capture.during_test():

@@ -276,6 +276,7 @@ class World:
         failure), not the rest of the deadline."""
         cut = _Cut(deadline, f"did not finish within the {timeout_s:g} s deadline")
         body_ended: dict[int, RankStatus] = {}  # ranks whose body ended, still cleaning up
+        killable: set[int] = set()  # ranks whose test may kill them (``MayBeKilled``)
         while len(results) < self.spec.size:
             pending = [p for p in self._ranks if p.rank not in results]
             remaining = cut.at - time.monotonic()
@@ -291,8 +292,14 @@ class World:
                 result = self._receive(proc)
                 if isinstance(result, msg.BodyEnded):
                     body_ended[proc.rank] = result.status
+                elif isinstance(result, msg.MayBeKilled):
+                    killable.add(proc.rank)
                 elif result is None:
                     status = proc.popen.wait()
+                    arranged = proc.rank in killable and proc.rank not in body_ended
+                    if arranged and status == -signal.SIGKILL:
+                        results[proc.rank] = self._killed_as_arranged(proc.rank)
+                        continue
                     where = _stopped_in(body_ended.get(proc.rank)) or "during the test"
                     results[proc.rank] = msg.RankResult(
                         rank=proc.rank,
@@ -308,15 +315,26 @@ class World:
                             f"still running {failed_grace_s:g} s after rank {proc.rank} failed",
                         )
 
+    def _killed_as_arranged(self, rank: int) -> msg.RankResult:
+        """The result of a rank its test killed with SIGKILL, having said it might: its part
+        passed; what it printed is kept; the world goes after the test."""
+        return msg.RankResult(
+            rank=rank,
+            status=outcomes.PASSED,
+            longrepr=f"rank {rank} killed by SIGKILL, as its test arranged",
+            captured={stream: read_capture(self.dir, rank, stream) for stream in STREAMS},
+            respawn=True,
+        )
+
     @staticmethod
-    def _receive(proc: _RankProcess) -> msg.BodyEnded | msg.RankResult | None:
-        """The rank's next message (its body ended, or its result), or None if its process
-        is gone."""
+    def _receive(proc: _RankProcess) -> msg.BodyEnded | msg.MayBeKilled | msg.RankResult | None:
+        """The rank's next message (its body ended, it may be killed, or its result), or None
+        if its process is gone."""
         assert proc.conn is not None
         if proc.exit_status() is not None and not proc.conn.poll():
             return None
         try:
-            reply: msg.BodyEnded | msg.RankResult = proc.conn.recv()
+            reply: msg.BodyEnded | msg.MayBeKilled | msg.RankResult = proc.conn.recv()
         except (EOFError, OSError):
             return None
         return reply

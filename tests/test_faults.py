@@ -74,6 +74,17 @@ FAULTS = {
             "exited with code 17 in clean-up after its test body passed",
         ],
     ),
+    # A rank killed as its test arranged is no crash: the others' results are the verdict.
+    "killed_as_arranged": lambda n: ("passed", []),
+    "killed_as_arranged_then_a_survivor_fails": lambda n: (
+        "failed",
+        ["rank 0: failed", "ValueError: injected failure on rank 0"],
+    ),
+    # Any other death of a rank that may be killed is a crash.
+    "may_be_killed_but_exits": lambda n: (
+        "failed",
+        [f"rank {last(n)} crashed", "exited with code 13"],
+    ),
     "collective_on_some_ranks": lambda n: (
         "failed",
         ["rank 0 hung", "in test_collective_on_some_ranks"],
@@ -93,6 +104,9 @@ FAULTS = {
     ),
 }
 ONLY_WITH_PEERS = (
+    "killed_as_arranged",
+    "killed_as_arranged_then_a_survivor_fails",
+    "may_be_killed_but_exits",
     "collective_on_some_ranks",
     "failure_out_of_step",
     "failure_leaves_peers_waiting",
@@ -177,6 +191,13 @@ def test_every_collected_test_is_in_the_junit_xml(faults: InnerRun) -> None:
     expected = (bodies - sizes_2_4_only) * len(SIZES) + sizes_2_4_only * 2
     assert len(faults.cases) == expected
     assert faults.returncode == 1
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_rank_killed_as_arranged_is_not_called_crashed(faults: InnerRun, size: int) -> None:
+    report = faults.message(f"test_killed_as_arranged_then_a_survivor_fails[w{size}]")
+    assert "crashed" not in report
+    assert f"rank {last(size)}" not in report
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness._world import CRASH_GRACE_S
+
 
 def record_pid(world, name):
     pids = Path(os.environ["INNER_WORKDIR"]) / "pids"
@@ -151,6 +153,51 @@ def test_sigkill_one_rank(world):
 @pytest.mark.world(1, 2, 4)
 def test_probe_after_sigkill_one_rank(world):
     record_pid(world, "probe_after_sigkill_one_rank")
+    dist.barrier()
+
+
+@pytest.mark.world(2, 4)
+def test_killed_as_arranged(world):
+    record_pid(world, "killed_as_arranged")
+    assert world.may_be_killed(world.size - 1)
+    if last_rank(world):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(CRASH_GRACE_S + 1)  # longer than the grace a crash would leave the others
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_killed_as_arranged(world):
+    record_pid(world, "probe_after_killed_as_arranged")
+    dist.barrier()
+
+
+@pytest.mark.world(2, 4)
+def test_killed_as_arranged_then_a_survivor_fails(world):
+    record_pid(world, "killed_as_arranged_then_a_survivor_fails")
+    assert world.may_be_killed(world.size - 1)
+    if last_rank(world):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if world.rank == 0:
+        raise ValueError("injected failure on rank 0")
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_killed_as_arranged_then_a_survivor_fails(world):
+    record_pid(world, "probe_after_killed_as_arranged_then_a_survivor_fails")
+    dist.barrier()
+
+
+@pytest.mark.world(2, 4)
+def test_may_be_killed_but_exits(world):
+    record_pid(world, "may_be_killed_but_exits")
+    assert world.may_be_killed(world.size - 1)
+    if last_rank(world):
+        os._exit(13)
+
+
+@pytest.mark.world(2, 4)
+def test_probe_after_may_be_killed_but_exits(world):
+    record_pid(world, "probe_after_may_be_killed_but_exits")
     dist.barrier()
 
 
