@@ -1,25 +1,45 @@
-"""A store that fails as disks fail: an ``OSError`` with a chosen ``errno`` once a file has
-taken a chosen number of bytes, on one rank.
+"""A store that fails as disks fail, or whose writer dies as a preempted job dies, at a chosen
+byte of a chosen kind of file, on one rank.
 
 ``failing_writer`` is the build's ``FileSystemWriter`` whose file system (``writer.fs``, the
 layer every stream of its ``write_data`` and ``finish`` is opened through) writes the first
-``at_byte`` bytes of the chosen kind of file, then raises: what a full disk (``ENOSPC``) or a
-failing one (``EIO``) does to ``write``. Nothing sleeps or races: the fault falls at that
-byte, every run.
+``at_byte`` bytes of the chosen kind of file, then strikes: ``StreamFault`` raises an
+``OSError`` with a chosen ``errno`` (what a full disk, ``ENOSPC``, or a failing one, ``EIO``,
+does to ``write``); ``StreamKill`` kills the writing process with SIGKILL. Nothing sleeps or
+races: the fault falls at that byte, every run.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from conformance._upstream import dcp
 
 FileKind = Literal["data", "metadata"]
+
+
+def is_of_kind(path: Path, kind: FileKind) -> bool:
+    """Whether DCP's file at ``path`` is of ``kind``: its data files end in ``.distcp``; its
+    metadata is written as ``.metadata`` (through ``.metadata.tmp``, then a rename, where a
+    release does so)."""
+    if kind == "data":
+        return path.name.endswith(".distcp")
+    return path.name.startswith(".metadata")
+
+
+class ByteFault(Protocol):
+    """What falls on a file of ``kind`` once it has taken ``at_byte`` bytes."""
+
+    kind: FileKind
+    at_byte: int
+
+    def strike(self, path: Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -30,24 +50,42 @@ class StreamFault:
     kind: FileKind
     at_byte: int
 
-    def applies_to(self, path: Path) -> bool:
-        """Whether a file at ``path`` is of this fault's kind: DCP's data files end in
-        ``.distcp``; its metadata is written as ``.metadata.tmp``, then renamed."""
-        if self.kind == "data":
-            return path.name.endswith(".distcp")
-        return path.name.startswith(".metadata")
-
     @property
     def cause(self) -> str:
         """The words of the error, as the system gives them: what a refusal must name."""
         return os.strerror(self.errno)
 
+    def strike(self, path: Path) -> None:
+        raise OSError(self.errno, self.cause, str(path))
+
+
+@dataclass(frozen=True)
+class StreamKill:
+    """Kill the writing process (SIGKILL) once a ``kind`` file has taken ``at_byte`` bytes,
+    the bytes before on their way to the disk, as a preemption finds them. ``spared_pid``:
+    a process this must never kill (a trainer, where its checkpointer process is the one to
+    die); there it raises instead."""
+
+    kind: FileKind
+    at_byte: int
+    spared_pid: int | None = None
+
+    def strike(self, path: Path) -> None:
+        kill_this_process(self.spared_pid, f"a write of {path}")
+
+
+def kill_this_process(spared_pid: int | None, where: str) -> None:
+    """SIGKILL to this process, unless it is ``spared_pid``."""
+    if os.getpid() == spared_pid:
+        raise RuntimeError(f"{where}: the kill meant for another process fell in the trainer")
+    os.kill(os.getpid(), signal.SIGKILL)
+
 
 class _FailingStream:
-    """A writable stream that takes ``fault.at_byte`` bytes, then raises ``fault``'s error;
-    everything but ``write`` is the stream's own."""
+    """A writable stream that takes ``fault.at_byte`` bytes, then strikes; everything but
+    ``write`` is the stream's own."""
 
-    def __init__(self, stream: Any, fault: StreamFault, path: Path) -> None:
+    def __init__(self, stream: Any, fault: ByteFault, path: Path) -> None:
         self._stream, self._fault, self._path = stream, fault, path
         self._written = 0
 
@@ -58,35 +96,46 @@ class _FailingStream:
             self._written += size
             return int(self._stream.write(data))
         self._stream.write(memoryview(data).cast("B")[:room])
+        self._stream.flush()
         self._written = self._fault.at_byte
-        raise OSError(self._fault.errno, self._fault.cause, str(self._path))
+        self._fault.strike(self._path)
+        raise AssertionError(f"{self._fault} did not strike at {self._path}")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
 class _FailingFileSystem:
-    """DCP's local file system with ``fault`` in the streams it opens for writing."""
+    """DCP's local file system with ``fault`` in the streams it opens for writing. Picklable,
+    for a writer a checkpointer process runs."""
 
-    def __init__(self, fs: Any, fault: StreamFault) -> None:
+    def __init__(self, fs: Any, fault: ByteFault) -> None:
         self._fs, self._fault = fs, fault
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         with self._fs.create_stream(path, mode) as stream:
-            if "w" in mode and self._fault.applies_to(Path(path)):
+            if "w" in mode and is_of_kind(Path(path), self._fault.kind):
                 yield _FailingStream(stream, self._fault, Path(path))
             else:
                 yield stream
 
     def __getattr__(self, name: str) -> Any:
+        # This object's own fields, missing while it is unpickled, must not recurse.
+        if name.startswith("__") or name in ("_fs", "_fault"):
+            raise AttributeError(name)
         return getattr(self._fs, name)
+
+
+def with_fault(writer: Any, fault: ByteFault | None) -> Any:
+    """``writer`` (a ``FileSystemWriter``), its writes struck as ``fault`` says (None: left
+    as it is)."""
+    if fault is not None:
+        writer.fs = _FailingFileSystem(writer.fs, fault)
+    return writer
 
 
 def failing_writer(path: Path, fault: StreamFault | None, **options: Any) -> Any:
     """The build's ``FileSystemWriter`` of ``path`` (``options``: its own), its writes failing
     as ``fault`` says (None: a writer as any other)."""
-    writer = dcp.FileSystemWriter(str(path), **options)
-    if fault is not None:
-        writer.fs = _FailingFileSystem(writer.fs, fault)
-    return writer
+    return with_fault(dcp.FileSystemWriter(str(path), **options), fault)
