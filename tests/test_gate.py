@@ -253,6 +253,9 @@ def test_the_markdown_report(gate: GateRun) -> None:
     assert "| 1 | rank 0 is never 5 (https://example.org/k) |" in report
     assert "- matches no test: `" in report
     assert f"| torch | {gate.results.target.torch_version} (git " in report
+    for size in (1, 2):  # the plots a check drew, beside the report
+        assert f"![readings-w{size}](plots/readings-w{size}.png)" in report
+        assert (gate.out / "plots" / f"readings-w{size}.png").stat().st_size > 1000
 
 
 def _chromium() -> str:
@@ -287,6 +290,7 @@ def test_the_html_report_renders_in_headless_chromium(gate: GateRun, tmp_path: P
     assert "assert {'a': 1} == {'a': 2}" in dom
     source = (gate.out / "report.html").read_text()
     assert "assert {&#x27;a&#x27;: 1} == {&#x27;a&#x27;: 2}" in source  # escaped, not markup
+    assert '<img alt="plots/readings-w2.png" src="plots/readings-w2.png">' in source
     shot = gate.out / "report.png"
     _headless(
         chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,2400", page

@@ -145,7 +145,11 @@ def _assert_reports_one_run(out: Path, whole: GateResults) -> None:
     assert merged.unused_entries  # the stale record of the fork's manifest, as one run finds it
     cases = ElementTree.parse(out / "junit.xml").getroot().iter("testcase")
     assert len(list(cases)) == len(whole.tests)
-    assert (out / "report.md").read_text().splitlines()[0] == FAILED_TITLE
+    report = (out / "report.md").read_text()
+    assert report.splitlines()[0] == FAILED_TITLE
+    for size in (1, 2):  # the plots of whichever shard or job drew them
+        assert f"![readings-w{size}](plots/readings-w{size}.png)" in report
+        assert (out / "plots" / f"readings-w{size}.png").is_file()
 
 
 def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,7 +24,7 @@ from ci.gate.durations import MEANS, RECORDED
 from ci.gate.jobs import auto_jobs, parse_jobs, run_jobs
 from ci.gate.node_ids import path_of, world_size_of
 from ci.gate.report_content import TIERS
-from ci.gate.report_files import write_reports
+from ci.gate.report_files import PLOTS, PLOTS_DIR_ENV, write_reports
 from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results_path.unlink(missing_ok=True)
+    shutil.rmtree(out / PLOTS, ignore_errors=True)
+    os.environ[PLOTS_DIR_ENV] = str(out / PLOTS)  # the checks' plots, shown by the report
     if jobs == 1:
         status = subprocess.run(pytest_command(args, out), cwd=SUITE_ROOT, check=False).returncode
     else:

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import replace
 from pathlib import Path
 
-from ci.gate.report_files import write_reports
+from ci.gate.report_files import gather_plots, write_reports
 from ci.gate.results import GateResults
 
 JUNIT_COUNTS = ("tests", "failures", "errors", "skipped")
@@ -98,6 +98,7 @@ def merge_files(directories: list[Path], out: Path, exit_status: int | None = No
 def merge(directories: list[Path], out: Path) -> GateResults:
     """Write the merged junit XML, results and reports of the shards in ``directories``."""
     results = merge_files(directories, out)
+    gather_plots(directories, out)
     write_reports(results, out)
     return results
 

@@ -46,6 +46,7 @@ class ReportContent:
     inferred: list[str]  # entries applied by their release range alone (unrecorded release)
     unused_entries: list[str]
     slowest: list[TestResult]
+    plots: list[str]  # pictures the checks drew, relative to the report
 
 
 TIERS = {
@@ -78,7 +79,9 @@ def cells_rows(results: GateResults) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def content(results: GateResults, slowest: int = 10) -> ReportContent:
+def content(
+    results: GateResults, slowest: int = 10, plots: list[str] | None = None
+) -> ReportContent:
     """The report of ``results``."""
     failures = results.failures
     passed = results.exit_status == 0 and not failures
@@ -135,4 +138,5 @@ def content(results: GateResults, slowest: int = 10) -> ReportContent:
         inferred=list(results.release.inferred) if results.release else [],
         unused_entries=[f"{entry.source}: {entry.pattern}" for entry in results.unused_entries],
         slowest=sorted(results.tests, key=lambda t: -t.duration_s)[:slowest],
+        plots=list(plots or []),
     )

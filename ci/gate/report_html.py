@@ -94,6 +94,8 @@ def render(report: ReportContent) -> str:
         "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in manifests) + "</ul>",
         "<h2>Slowest test ids</h2>",
         table(["seconds", "test id"], [[f"{t.duration_s:.1f}", t.nodeid] for t in report.slowest]),
+        *(["<h2>Plots</h2>"] if report.plots else []),
+        *(f'<img alt="{escape(plot)}" src="{escape(plot)}">' for plot in report.plots),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ci.gate.report_content import CELLS_NOTE, LEGEND, ReportContent
 
 
@@ -58,4 +60,7 @@ def render(report: ReportContent) -> str:
     lines += ["", "## Slowest test ids", ""]
     slowest = [[f"{test.duration_s:.1f}", test.nodeid] for test in report.slowest]
     lines += table(["seconds", "test id"], slowest)
+    if report.plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{Path(plot).stem}]({plot})" for plot in report.plots]
     return "\n".join(lines) + "\n"

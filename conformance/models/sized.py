@@ -30,14 +30,18 @@ class WideAndNarrow(nn.Module):
     """Wide layers ``wide.0``, ``wide.2`` .. ``wide.18`` on the input (pairs from the width
     to the hidden size and back, each layer followed by a tanh), narrow layers ``narrow.0`` ..
     ``narrow.47`` on its first columns; the outputs meet in the first columns. Units are
-    called as modules, so FSDP's hooks see each."""
+    called as modules, so FSDP's hooks see each. ``wide_layers`` makes it smaller (an even
+    count: the layers come in pairs)."""
 
     units = ("wide", "narrow")
 
-    def __init__(self) -> None:
+    def __init__(self, wide_layers: int = WIDE_LAYERS) -> None:
         super().__init__()
+        if wide_layers % 2:
+            raise ValueError(f"wide layers come in pairs; {wide_layers} is odd")
+        self.wide_layers = wide_layers
         wide: list[nn.Module] = []
-        for layer in range(WIDE_LAYERS):
+        for layer in range(wide_layers):
             sizes = (WIDTH, HIDDEN) if layer % 2 == 0 else (HIDDEN, WIDTH)
             wide += [nn.Linear(*sizes), nn.Tanh()]
         self.wide = nn.Sequential(*wide)
@@ -53,13 +57,13 @@ class WideAndNarrow(nn.Module):
             f"wide.{2 * layer}": tensor_parallel.ColwiseParallel()
             if layer % 2 == 0
             else tensor_parallel.RowwiseParallel()
-            for layer in range(WIDE_LAYERS)
+            for layer in range(self.wide_layers)
         }
 
 
-def seeded_wide_and_narrow() -> WideAndNarrow:
+def seeded_wide_and_narrow(wide_layers: int = WIDE_LAYERS) -> WideAndNarrow:
     torch.manual_seed(SEED)
-    return WideAndNarrow()
+    return WideAndNarrow(wide_layers)
 
 
 def wide_batch(step: int) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """How checks drive torch the way a training run does: trained
 trajectories observed step by step, DCP saves and loads of a run's state, async saves with
-faults injected at chosen points, resumes compared with one process, FSDP1's own APIs, and
-properties drawn alike on every rank."""
+faults injected at chosen points, resumes compared with one process, FSDP1's own APIs,
+properties drawn alike on every rank, and what a rank holds of the machine across saves."""
 
 from __future__ import annotations
 
 from conformance.training._async import (
     CHECKPOINTERS,
+    FINISH_LIMIT_S,
     HOLD_LIMIT_S,
     STAGINGS,
     Cue,
@@ -22,6 +23,7 @@ from conformance.training._async import (
     Staging,
     Unheld,
     change_every_value,
+    change_in_place,
     contents,
     cued_writer,
     skip_unless_checkpointer,
@@ -51,6 +53,8 @@ from conformance.training._fsdp1 import (
     torch_model_state_dict,
     under_optim_settings,
 )
+from conformance.training._resource_plot import PLOTS_DIR_ENV, plot_path, plot_readings
+from conformance.training._resources import Resources, descendants, read_resources
 from conformance.training._resume import (
     MORE_STEPS,
     assert_full_state_is_single_process,
@@ -85,12 +89,14 @@ __all__ = [
     "BEFORE_FIRST_STEP",
     "BETWEEN_STEPS",
     "CHECKPOINTERS",
+    "FINISH_LIMIT_S",
     "FSDP1_CELLS",
     "HOLD_LIMIT_S",
     "MODEL_KINDS",
     "MORE_STEPS",
     "OPTIM_KINDS",
     "OPTIM_ORACLE_OPTIONS",
+    "PLOTS_DIR_ENV",
     "STAGINGS",
     "Cue",
     "CuedStagingWriter",
@@ -101,6 +107,7 @@ __all__ = [
     "Hold",
     "InjectedWriteError",
     "PendingSave",
+    "Resources",
     "Stagers",
     "Staging",
     "Training",
@@ -109,8 +116,10 @@ __all__ = [
     "assert_state_is",
     "assert_state_is_single_process",
     "change_every_value",
+    "change_in_place",
     "contents",
     "cued_writer",
+    "descendants",
     "differences",
     "differing_keys",
     "file_hashes",
@@ -126,6 +135,9 @@ __all__ = [
     "optim_settings",
     "oracle_model_state_dict",
     "plain_trajectory",
+    "plot_path",
+    "plot_readings",
+    "read_resources",
     "resume",
     "resume_on_the_first_ranks",
     "save_checkpoint",

@@ -518,7 +518,7 @@ def contents(checkpoint: Path, scratch: Path) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _change_in_place(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def change_in_place(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     for value in (*model.parameters(), *model.buffers()):
         if value.is_floating_point():
             value.add_(1.0)
@@ -535,4 +535,4 @@ def change_every_value(training: Any, step: int) -> None:
     model, optimizer, scheduler = training
     train(model, optimizer, 1, scheduler, start=step)
     optimizer.zero_grad()
-    _change_in_place(model, optimizer)
+    change_in_place(model, optimizer)
