@@ -21,7 +21,8 @@ MODELLED_MODULES = (
 STAGER = "torch.distributed.checkpoint._state_dict_stager"
 STAGING = "torch.distributed.checkpoint.staging"
 THREAD_CHECKPOINTER = "torch.distributed.checkpoint._async_thread_executor"
-ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER)
+PROCESS_CHECKPOINTER = "torch.distributed.checkpoint._async_process_executor"
+ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER, PROCESS_CHECKPOINTER)
 # DCP's load planning: which keys a load reads, and how it reshards a checkpoint into the
 # placements the load asks for.
 DEFAULT_PLANNER = "torch.distributed.checkpoint.default_planner"

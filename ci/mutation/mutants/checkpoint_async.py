@@ -1,19 +1,27 @@
-"""Mutants of asynchronous checkpointing: its stagers and its thread checkpointer."""
+"""Mutants of asynchronous checkpointing: its stagers and its checkpointers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torch.distributed._state_dict_utils import _offload_state_dict_to_cpu
 
-from ci.mutation.mutants._mutant import STAGER, STAGING, THREAD_CHECKPOINTER, mutant_maker
+from ci.mutation.mutants._mutant import (
+    PROCESS_CHECKPOINTER,
+    STAGER,
+    STAGING,
+    THREAD_CHECKPOINTER,
+    mutant_maker,
+)
 
 Fn = Callable[..., Any]
 SAVES = "conformance/checks/test_async_saves.py"
 AT_THE_CALL = f"{SAVES}::test_an_async_save_writes_the_state_at_its_call"
 FAILURES = "conformance/checks/test_async_save_failures.py"
 STAGING_CHECKS = "conformance/checks/test_async_staging.py"
+KILLED = "conformance/checks/test_killed_saves.py"
 
 
 def _stage_returns_the_live_state(original: Fn) -> Fn:
@@ -51,6 +59,21 @@ def _upload_error_swallowed(original: Fn) -> Fn:
     return save_wrapper
 
 
+def _never_notices_its_process_died(original: Fn) -> Fn:
+    def _wait_for_response(self: Any, timeout: float | None = None) -> Any:
+        while True:  # the bug: neither the process's death nor its closed pipe is seen
+            try:
+                response = self._process_pipe.recv()
+            except EOFError:
+                time.sleep(0.1)
+                continue
+            if isinstance(response, BaseException):
+                raise response
+            return response
+
+    return _wait_for_response
+
+
 MUTANTS = [
     mutant_maker(STAGER, AT_THE_CALL)(
         "stager_returns_the_live_state",
@@ -78,5 +101,13 @@ MUTANTS = [
         "save_wrapper",
         "the thread checkpointer's future swallows the error of a failed save",
         _upload_error_swallowed,
+    ),
+    mutant_maker(PROCESS_CHECKPOINTER, FAILURES)(
+        "process_checkpointer_never_notices_its_death",
+        "_AsyncCheckpointProcess._wait_for_response",
+        "the process checkpointer waits on for an answer from its process after it died",
+        _never_notices_its_process_died,
+        f"{KILLED}::test_a_save_killed_midway_is_reported_and_loses_nothing"
+        "[w2-ddp-process-planned]",
     ),
 ]
