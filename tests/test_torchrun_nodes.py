@@ -20,6 +20,7 @@ from tests._inner import INNER_DIR, Case, read_junit
 pytestmark = pytest.mark.slow
 
 MODULE = "conformance/checks/test_dcp_round_trips.py"
+SELECTION = "not fsdp1"  # half the module's ids at 4 ranks (20), every other family
 
 
 def _free_port() -> int:
@@ -87,17 +88,19 @@ def _inner(
 def test_a_conformance_module_gives_the_ids_and_outcomes_of_a_spawned_world(
     tmp_path: Path,
 ) -> None:
-    codes, output, by_agents = two_agents(SUITE_ROOT, tmp_path / "agents.xml", MODULE, "-q")
+    codes, output, by_agents = two_agents(
+        SUITE_ROOT, tmp_path / "agents.xml", MODULE, "-q", "-k", SELECTION
+    )
     spawned = tmp_path / "spawn.xml"
     subprocess.run(
         [sys.executable, "-m", "pytest", MODULE, "-q", "-p", "no:cacheprovider",
-         "--world-sizes=4", f"--junitxml={spawned}"],
+         "--world-sizes=4", "-k", SELECTION, f"--junitxml={spawned}"],
         cwd=SUITE_ROOT, capture_output=True, timeout=900, check=False,
     )  # fmt: skip
     by_spawn = read_junit(spawned)
     assert codes == [0, 0], output
     assert sorted(by_agents) == sorted(by_spawn)
-    assert len(by_agents) > 20
+    assert len(by_agents) >= 20
     assert all("[w4" in name for name in by_agents)
     differ = {
         name: (case.outcome, by_spawn[name].outcome)
