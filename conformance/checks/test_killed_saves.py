@@ -34,7 +34,6 @@ import torch.distributed as dist
 
 from conformance._upstream import dcp
 from conformance.cells import PARALLELISMS, with_role
-from conformance.models.common import train
 from conformance.stores import PHASES, Phase, SaveKill, killed_writer
 from conformance.training import (
     Training,
@@ -42,7 +41,7 @@ from conformance.training import (
     differences,
     skip_unless_checkpointer,
     start_async_save,
-    trained,
+    trained_after_a_checkpoint,
     training_state,
     tree_leaves,
 )
@@ -105,7 +104,7 @@ def _killed_save(
     checkpoint's folder, the kill, and the error the save ended with."""
     victim = SaveKill.victim(phase, world.size)
     _arrange_the_kill(world, save, victim)
-    training = _trained_with_a_previous_checkpoint(world, cell)
+    training = trained_after_a_checkpoint(world, cell, RECIPE, SAVED_AFTER)
     previous = _read(world, "previous")
     kill = SaveKill(phase, spared_pid=os.getpid() if save == "process" else None)
     target = world.tmp_path / "torn"
@@ -137,17 +136,6 @@ def _arrange_the_kill(world: Any, save: Save, victim: int) -> None:
         arranged = world.may_be_killed(victim)
     if not arranged:
         pytest.skip("a killed rank or checkpointer process needs a world the harness replaces")
-
-
-def _trained_with_a_previous_checkpoint(world: Any, cell: str) -> Training:
-    """``cell`` trained ``SAVED_AFTER`` steps, its state one step earlier saved at
-    ``previous``."""
-    parallelism = PARALLELISMS[cell]
-    parallelism.skip_unless_runnable(world.device)
-    model, optimizer, scheduler = training = trained(parallelism, world, RECIPE, SAVED_AFTER - 1)
-    dcp.save(training_state(model, optimizer, None), checkpoint_id=str(world.tmp_path / "previous"))
-    train(model, optimizer, 1, scheduler, start=SAVED_AFTER - 1)
-    return training
 
 
 def _save(training: Training, target: Path, writer: Any, save: Save) -> BaseException | None:

@@ -49,13 +49,13 @@ from conformance.training import (
     CuedWriter,
     Gate,
     Hold,
-    Training,
     Unheld,
     differences,
     file_hashes,
     fresh_training,
     start_async_save,
     trained,
+    trained_after_a_checkpoint,
     training_state,
     tree_leaves,
     wait_for,
@@ -83,7 +83,7 @@ def _stream_fault(fault: Fault) -> StreamFault | None:
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("cell", with_role("golden"))
 def test_a_save_the_store_fails_is_refused_everywhere_and_claims_nothing(world, cell, fault):
-    model, optimizer, _ = _trained_with_a_previous_checkpoint(world, cell)
+    model, optimizer, _ = trained_after_a_checkpoint(world, cell, RECIPE, SAVED_AFTER)
     previous = file_hashes(world.tmp_path / "previous")
     state = training_state(model, optimizer, None)
     target = world.tmp_path / "checkpoint"
@@ -116,7 +116,7 @@ def test_a_save_the_store_fails_is_refused_everywhere_and_claims_nothing(world, 
 @pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", with_role("golden"))
 def test_a_failed_save_over_a_checkpoint_leaves_it_or_no_claim(world, cell):
-    model, optimizer, _ = _trained_with_a_previous_checkpoint(world, cell)
+    model, optimizer, _ = trained_after_a_checkpoint(world, cell, RECIPE, SAVED_AFTER)
     folder = world.tmp_path / "previous"
     previous = tree_leaves(_loaded_state(world, cell, folder))
     state = training_state(model, optimizer, None)
@@ -198,17 +198,6 @@ class _MarksItsWrite(CuedWriter):
         done = super().write_data(plan, planner)
         self.written.touch()
         return done
-
-
-def _trained_with_a_previous_checkpoint(world: Any, cell: str) -> Training:
-    """``cell`` trained ``SAVED_AFTER`` steps, its state one step earlier saved at
-    ``previous``."""
-    parallelism = PARALLELISMS[cell]
-    parallelism.skip_unless_runnable(world.device)
-    model, optimizer, scheduler = training = trained(parallelism, world, RECIPE, SAVED_AFTER - 1)
-    dcp.save(training_state(model, optimizer, None), checkpoint_id=str(world.tmp_path / "previous"))
-    train(model, optimizer, 1, scheduler, start=SAVED_AFTER - 1)
-    return training
 
 
 def _fails_here(world: Any, fault: StreamFault | None) -> bool:

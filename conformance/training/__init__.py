@@ -36,6 +36,7 @@ from conformance.training._dcp import (
     load_options_for,
     save_checkpoint,
     spoiled_hugging_face_file,
+    trained_after_a_checkpoint,
     training_state,
 )
 from conformance.training._fsdp1 import (
@@ -151,6 +152,7 @@ __all__ = [
     "torch_model_state_dict",
     "train_observed",
     "trained",
+    "trained_after_a_checkpoint",
     "training_in",
     "training_state",
     "tree_leaves",

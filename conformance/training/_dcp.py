@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from conformance._upstream import dcp, dsd, with_parameters
+from conformance.cells import PARALLELISMS
 from conformance.compare import holds_a_part
+from conformance.models.common import train
+from conformance.training._trajectory import Training, trained
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 
@@ -95,6 +98,18 @@ def load_options_for(loaders: Any) -> dict[str, Any]:
         with_parameters(dcp.load, "no_dist")
         return {"no_dist": True}
     return {"process_group": loaders.group} if loaders.member else {}
+
+
+def trained_after_a_checkpoint(world: Any, cell: str, recipe: str, steps: int) -> Training:
+    """``cell`` trained ``steps`` steps with ``recipe``, its state one step earlier saved by
+    ``dcp.save`` at ``world.tmp_path / "previous"``: a checkpoint that a later save's
+    failure must leave as it was."""
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    model, optimizer, scheduler = training = trained(parallelism, world, recipe, steps - 1)
+    dcp.save(training_state(model, optimizer, None), checkpoint_id=str(world.tmp_path / "previous"))
+    train(model, optimizer, 1, scheduler, start=steps - 1)
+    return training
 
 
 def file_hashes(path: Path) -> dict[str, str]:
