@@ -53,7 +53,8 @@ SAVED_AFTER = 2
 
 
 def _every_family_at_two_ddp_at_four(size: int, cell: str, **_: Any) -> bool:
-    return (size == 2 and PARALLELISMS[cell].supports(2)) or (size == 4 and cell == "ddp")
+    parallelism = PARALLELISMS[cell]
+    return parallelism.supports(size) and (size == 2 or parallelism.family == "ddp")
 
 
 @pytest.mark.world(2, 4, applies=_every_family_at_two_ddp_at_four)
