@@ -46,13 +46,12 @@ from conformance.training import (
     Stagers,
     Training,
     Unheld,
-    contents,
     differences,
+    read_whole,
     skip_unless_checkpointer,
     start_async_save,
     trained,
     training_state,
-    tree_leaves,
 )
 
 RECIPE = "adamw_step_lr"
@@ -76,11 +75,6 @@ def _save(
         stagers.close()
 
 
-def _read(world: Any, name: str) -> dict[str, Any]:
-    path = world.tmp_path / name
-    return tree_leaves(contents(path, world.tmp_path / f"{name}-r{world.rank}.pt"))
-
-
 def _assert_failed_everywhere(error: BaseException | None, world: Any, says: str | None) -> None:
     """Every rank's save raised; this rank's error says ``says``, or, where None, is one of
     the errors DCP and its collectives raise (``CheckpointException``, ``RuntimeError``)."""
@@ -99,7 +93,7 @@ def _assert_failed_everywhere(error: BaseException | None, world: Any, says: str
 
 
 def _assert_nothing_lost(world: Any, before: dict[str, Any], failed: str) -> None:
-    after = _read(world, "first")
+    after = read_whole(world, "first")
     found = differences(after, before, ("after the failed save", "before it"))
     assert not found, "the first checkpoint changed:\n  " + "\n  ".join(found)
     assert not (world.tmp_path / failed / ".metadata").exists(), (
@@ -116,7 +110,7 @@ def _assert_a_failed_save_loses_nothing(
     first = _save(world, training, "first", checkpointer, Unheld())
     if first is not None:
         raise first
-    before = _read(world, "first")
+    before = read_whole(world, "first")
     train(model, optimizer, 1, scheduler, start=SAVED_AFTER)
     error = _save(world, training, "second", checkpointer, cue)
     _assert_failed_everywhere(error, world, says)

@@ -37,13 +37,13 @@ from conformance.cells import PARALLELISMS, with_role
 from conformance.stores import PHASES, Phase, SaveKill, killed_writer
 from conformance.training import (
     Training,
-    contents,
     differences,
+    last_words,
+    read_whole,
     skip_unless_checkpointer,
     start_async_save,
     trained_after_a_checkpoint,
     training_state,
-    tree_leaves,
 )
 
 Save = Literal["dcp", "thread", "process"]
@@ -63,7 +63,7 @@ def _every_family_at_two_ddp_at_four(size: int, cell: str, **_: Any) -> bool:
 @pytest.mark.parametrize("cell", with_role("golden"))
 def test_a_save_killed_midway_is_reported_and_loses_nothing(world, cell, save, phase):
     previous, target, kill, _ = _killed_save(world, cell, save, phase)
-    after = _read(world, "previous")
+    after = read_whole(world, "previous")
     killed = _killed(save, SaveKill.victim(phase, world.size))
     changed = differences(after, previous, ("after the killed save", "before it"))
     assert not changed, (
@@ -77,7 +77,7 @@ def test_a_save_killed_midway_is_reported_and_loses_nothing(world, cell, save, p
     )
     assert str(target) in str(torn), (
         f"rank {world.rank}: reading {target}, torn when {killed} was killed {kill.words}, "
-        f"failed without naming it: {type(torn).__name__}: {_gist(torn)}"
+        f"failed without naming it: {type(torn).__name__}: {last_words(torn)}"
     )
 
 
@@ -93,7 +93,7 @@ def test_the_survivors_of_a_killed_save_name_the_killed_rank(world, save):
     assert f"rank {victim}" in str(refused), (
         f"rank {world.rank}: the save failed once {_killed(save, victim)} was killed "
         f"{kill.words}, without naming rank {victim}: {type(refused).__name__}: "
-        f"{_gist(refused)}"
+        f"{last_words(refused)}"
     )
 
 
@@ -106,14 +106,14 @@ def _killed_save(
     victim = SaveKill.victim(phase, world.size)
     _arrange_the_kill(world, save, victim)
     training = trained_after_a_checkpoint(world, cell, RECIPE, SAVED_AFTER)
-    previous = _read(world, "previous")
+    previous = read_whole(world, "previous")
     kill = SaveKill(phase, spared_pid=os.getpid() if save == "process" else None)
     target = world.tmp_path / "torn"
     writer = killed_writer(target, kill if world.rank == victim else None)
     refused = _save(training, target, writer, save)
     assert save == "process" or world.rank != victim, (
         f"rank {victim} was to be killed {kill.words}, and its save ended first, with "
-        + ("success" if refused is None else f"{type(refused).__name__}: {_gist(refused)}")
+        + ("success" if refused is None else f"{type(refused).__name__}: {last_words(refused)}")
     )
     assert refused is not None, (
         f"rank {world.rank}: the save succeeded, though {_killed(save, victim)} was killed "
@@ -153,22 +153,9 @@ def _save(training: Training, target: Path, writer: Any, save: Save) -> BaseExce
         return refused
 
 
-def _read(world: Any, name: str) -> dict[str, Any]:
-    """The checkpoint ``name``, read whole by this rank alone."""
-    scratch = world.tmp_path / f"{name}-r{world.rank}.pt"
-    return tree_leaves(contents(world.tmp_path / name, scratch))
-
-
 def _refusal_or_leaves(world: Any, folder: Path) -> Any:
     """What reading ``folder`` whole gives this rank: its values, or the error."""
     try:
-        return tree_leaves(contents(folder, world.tmp_path / f"torn-r{world.rank}.pt"))
+        return read_whole(world, folder.name)
     except (Exception, dcp.CheckpointException) as refused:  # the latter: a BaseException
         return refused
-
-
-def _gist(error: BaseException) -> str:
-    """An error's last words: its last line that is not a traceback's caret marks."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    said = [line for line in lines if line and set(line) - set("^~ ")]
-    return said[-1][:600] if said else type(error).__name__

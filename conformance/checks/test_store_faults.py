@@ -53,6 +53,7 @@ from conformance.training import (
     differences,
     file_hashes,
     fresh_training,
+    last_words,
     start_async_save,
     trained,
     trained_after_a_checkpoint,
@@ -220,14 +221,7 @@ def _refusal_or_leaves(world: Any, cell: str, folder: Path) -> Any:
     try:
         return tree_leaves(_loaded_state(world, cell, folder))
     except dcp.CheckpointException as refused:
-        return _gist(refused)
-
-
-def _gist(error: BaseException) -> str:
-    """An error's last words: its last line that is not a traceback's caret marks."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    said = [line for line in lines if line and set(line) - set("^~ ")]
-    return said[-1] if said else type(error).__name__
+        return last_words(refused)
 
 
 def _refusal_of(call: Any) -> BaseException | None:

@@ -36,6 +36,7 @@ from conformance._upstream import (
     with_parameters,
 )
 from conformance.models.common import train
+from conformance.training._trajectory import tree_leaves
 
 Checkpointer = Literal["thread", "process"]
 CHECKPOINTERS: tuple[Checkpointer, ...] = ("thread", "process")
@@ -515,6 +516,20 @@ def contents(checkpoint: Path, scratch: Path) -> dict[str, Any]:
     dcp_formats.dcp_to_torch_save(str(checkpoint), str(scratch))
     loaded: dict[str, Any] = torch.load(scratch, weights_only=False)
     return loaded
+
+
+def read_whole(world: Any, name: str) -> dict[str, Any]:
+    """The leaves of the checkpoint ``name`` in the test's folder, read whole by this rank
+    alone (``contents``)."""
+    scratch = world.tmp_path / f"{name}-r{world.rank}.pt"
+    return tree_leaves(contents(world.tmp_path / name, scratch))
+
+
+def last_words(error: BaseException) -> str:
+    """An error's last words: its last line that is not a traceback's caret marks."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and set(line) - set("^~ ")]
+    return said[-1] if said else type(error).__name__
 
 
 @torch.no_grad()
