@@ -39,7 +39,6 @@ import torch.distributed as dist
 
 from conformance._upstream import dcp, dtensor
 from conformance.cells import PARALLELISMS
-from conformance.models.sized import seeded_wide_and_narrow, wide_batch
 from conformance.training import (
     STAGINGS,
     Resources,
@@ -49,6 +48,7 @@ from conformance.training import (
     plot_path,
     plot_readings,
     read_resources,
+    sized_model_after_a_step,
     skip_unless_checkpointer,
     start_async_save,
     tree_leaves,
@@ -69,7 +69,7 @@ THREADS_SLACK = 4
 @pytest.mark.world(2, timeout=900)
 @pytest.mark.parametrize("saver", SAVERS)
 def test_two_hundred_saves_hold_their_moments_and_leak_nothing(world, saver):
-    model, optimizer = _fsdp2_with_adam(world)
+    model, optimizer = sized_model_after_a_step(PARALLELISMS["fsdp2"], world, WIDE_LAYERS)
     state = {"model": model, "optimizer": optimizer}
     size, tensors = _state_bytes(state), _state_tensors(state)
     assert size >= STATE_MIN_BYTES, f"the state is {size} bytes a rank, under {STATE_MIN_BYTES}"
@@ -114,7 +114,7 @@ def test_a_checkpointer_process_killed_between_saves_fails_the_next_or_is_replac
     skip_unless_checkpointer("process")
     if not world.respawn_after_test():
         pytest.skip("a dead checkpointer process stays the build's; torchrun cannot respawn")
-    model, optimizer = _fsdp2_with_adam(world)
+    model, optimizer = sized_model_after_a_step(PARALLELISMS["fsdp2"], world, WIDE_LAYERS)
     save = _Saver("process_fresh", world)
     save(_app_state(model, optimizer), world.tmp_path / "first")
     change_in_place(model, optimizer)
@@ -177,18 +177,6 @@ class _Saver:
     def close(self) -> None:
         if self.stager is not None:
             self.stager.close()
-
-
-def _fsdp2_with_adam(world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """FSDP2 over the sized model with two wide layers, after one Adam step."""
-    cell = PARALLELISMS["fsdp2"]
-    cell.skip_unless_runnable(world.device)
-    model = cell.parallelise(seeded_wide_and_narrow(WIDE_LAYERS), world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
-    model(wide_batch(0).to(world.device)).pow(2).mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return model, optimizer
 
 
 def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -34,8 +34,13 @@ import reference_impl as ri
 from conformance._upstream import dcp, dsd, sdu
 from conformance.cells import PARALLELISMS, MemoryModel, Parallelism, memory_measured
 from conformance.compare import Measured, assert_within_bounds, measure, skip_without_a_probe
-from conformance.models.sized import seeded_wide_and_narrow, wide_batch
-from conformance.training import OPTIM_ORACLE_OPTIONS, _fsdp1, fsdp1_api, under_optim_settings
+from conformance.training import (
+    OPTIM_ORACLE_OPTIONS,
+    _fsdp1,
+    fsdp1_api,
+    sized_model_after_a_step,
+    under_optim_settings,
+)
 from reference_impl import peak_memory as bounds
 
 CELLS = memory_measured()  # the cells with a memory model (conformance/cells/_descriptor.py)
@@ -51,24 +56,10 @@ def applies(size: int, name: str) -> bool:
     return size in (2, 4) and PARALLELISMS[name].supports(size)
 
 
-def sized_model(cell: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The sized model in ``cell`` and its Adam optimizer, after one step. Adam steps each
-    parameter alone, as it does by default on the CPU: under TP the model's narrow layers stay
-    plain tensors beside DTensors, and on an accelerator Adam's default foreach step takes
-    both into one call, which DTensor refuses ("got mixed torch.Tensor and DTensor", H200)."""
-    cell.skip_unless_runnable(world.device)
-    model = cell.parallelise(seeded_wide_and_narrow(), world)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
-    model(wide_batch(0).to(world.device)).pow(2).mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return model, optimizer
-
-
 def sized_state(cell: Parallelism, world: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sized model's state dict in ``cell`` after one Adam step (FSDP1's sharded one)
     and its optimizer's own state dict."""
-    model, optimizer = sized_model(cell, world)
+    model, optimizer = sized_model_after_a_step(cell, world)
     if cell.fsdp1:
         model_state = _fsdp1.torch_model_state_dict(model, "sharded", world.device)
     else:
@@ -188,7 +179,7 @@ def test_get_state_dict_stays_within_its_memory_bound(world, name):
     hold (their sharded state dicts, taken before measuring)."""
     skip_without_a_probe()
     cell = PARALLELISMS[name]
-    model, optimizer = sized_model(cell, world)
+    model, optimizer = sized_model_after_a_step(cell, world)
     getters = state_getters(model, optimizer)
     held = {part: get() for part, get in getters.items()}
     measured = []
@@ -217,7 +208,7 @@ def test_set_state_dict_stays_within_its_memory_bound(world, name):
     state the model and optimizer hold."""
     skip_without_a_probe()
     cell = PARALLELISMS[name]
-    model, optimizer = sized_model(cell, world)
+    model, optimizer = sized_model_after_a_step(cell, world)
     getters = state_getters(model, optimizer)
     held = {part: get() for part, get in getters.items()}
     setters = {
@@ -250,7 +241,7 @@ def test_set_state_dict_stays_within_its_memory_bound(world, name):
 
 def dcp_state(world: Any, name: str) -> dict[str, Any]:
     """What a training loop hands DCP: the sized model's and optimizer's sharded state dicts."""
-    model, optimizer = sized_model(PARALLELISMS[name], world)
+    model, optimizer = sized_model_after_a_step(PARALLELISMS[name], world)
     return {part: get() for part, get in state_getters(model, optimizer).items()}
 
 
@@ -301,7 +292,7 @@ def test_fsdp1_optimizer_conversions_stay_within_their_memory_bounds(world, name
     """``FSDP.optim_state_dict`` under each FULL and SHARDED optimizer config, and
     ``FSDP.optim_state_dict_to_load`` of its full and sharded results held by every rank."""
     skip_without_a_probe()
-    model, optimizer = sized_model(PARALLELISMS[name], world)
+    model, optimizer = sized_model_after_a_step(PARALLELISMS[name], world)
     held = dsd.get_optimizer_state_dict(model, optimizer)
     unit = bounds.unsharded_unit_bytes(held)
     to_save, to_load = fsdp1_api("optim_state_dict"), fsdp1_api("optim_state_dict_to_load")

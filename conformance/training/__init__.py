@@ -68,6 +68,7 @@ from conformance.training._resume import (
     resume_on_the_first_ranks,
     training_in,
 )
+from conformance.training._sized import sized_model_after_a_step
 from conformance.training._spmd_property import spmd_property
 from conformance.training._trajectory import (
     AFTER_ZERO_GRAD,
@@ -146,6 +147,7 @@ __all__ = [
     "resume",
     "resume_on_the_first_ranks",
     "save_checkpoint",
+    "sized_model_after_a_step",
     "skip_unless_checkpointer",
     "snapshot",
     "spmd_property",
