@@ -217,6 +217,8 @@ fsdp = TorchModule(
     ),
 )
 fsdp_wrap = TorchModule("torch.distributed.fsdp.wrap", ("ModuleWrapPolicy",))
+# FSDP1's loss scaler, which agrees on overflows across the ranks that shard the gradients.
+fsdp_grad_scaler = TorchModule("torch.distributed.fsdp.sharded_grad_scaler", ("ShardedGradScaler",))
 dtensor = TorchModule(
     "torch.distributed.tensor",
     ("DTensor", "Placement", "Replicate", "Shard", "distribute_tensor"),
@@ -250,6 +252,7 @@ MODULES: tuple[TorchModule, ...] = (
     dcp_formats,
     fsdp,
     fsdp_wrap,
+    fsdp_grad_scaler,
     dtensor,
     dtensor_placements,
     tensor_parallel,

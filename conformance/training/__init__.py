@@ -68,6 +68,14 @@ from conformance.training._resume import (
     resume_on_the_first_ranks,
     training_in,
 )
+from conformance.training._run_state import (
+    SCHEDULES,
+    Draws,
+    Run,
+    RunState,
+    Schedule,
+    seed_streams,
+)
 from conformance.training._sized import sized_model_after_a_step
 from conformance.training._spmd_property import spmd_property
 from conformance.training._trajectory import (
@@ -101,17 +109,22 @@ __all__ = [
     "OPTIM_KINDS",
     "OPTIM_ORACLE_OPTIONS",
     "PLOTS_DIR_ENV",
+    "SCHEDULES",
     "STAGINGS",
     "Cue",
     "CuedStagingWriter",
     "CuedWriter",
     "Die",
+    "Draws",
     "Fail",
     "Gate",
     "Hold",
     "InjectedWriteError",
     "PendingSave",
     "Resources",
+    "Run",
+    "RunState",
+    "Schedule",
     "Stagers",
     "Staging",
     "Training",
@@ -147,6 +160,7 @@ __all__ = [
     "resume",
     "resume_on_the_first_ranks",
     "save_checkpoint",
+    "seed_streams",
     "sized_model_after_a_step",
     "skip_unless_checkpointer",
     "snapshot",

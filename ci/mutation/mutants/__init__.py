@@ -23,6 +23,7 @@ from ci.mutation.mutants import (
     checkpoint_state_dict,
     fsdp_optim_utils,
     fsdp_state_dict_utils,
+    run_state,
     state_dict_utils,
 )
 from ci.mutation.mutants._mutant import (
@@ -103,6 +104,7 @@ def catalogue() -> dict[str, Mutant]:
         checkpoint_planning,
         checkpoint_formats,
         checkpoint_files,
+        run_state,
     ):
         for mutant in module.MUTANTS:
             if mutant.name in mutants:

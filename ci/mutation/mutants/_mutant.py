@@ -34,6 +34,12 @@ HF_STORAGE = "torch.distributed.checkpoint.hf_storage"
 # to a store that fails; its fsspec storage, for stores besides a local folder.
 FILESYSTEM = "torch.distributed.checkpoint.filesystem"
 FSSPEC = "torch.distributed.checkpoint._fsspec_filesystem"
+# What a run keeps beside its model and optimizer: schedules, the loss scaler, and the
+# position of torchdata's StatefulDataLoader (its batch sampler).
+LR_SCHEDULER = "torch.optim.lr_scheduler"
+GRAD_SCALER = "torch.amp.grad_scaler"
+DATA_LOADER_SAMPLER = "torchdata.stateful_dataloader.sampler"
+RUN_STATE_MODULES = (LR_SCHEDULER, GRAD_SCALER, DATA_LOADER_SAMPLER)
 UPSTREAM_MODULES = (
     *MODELLED_MODULES,
     *ASYNC_MODULES,
@@ -43,6 +49,7 @@ UPSTREAM_MODULES = (
     HF_STORAGE,
     FILESYSTEM,
     FSSPEC,
+    *RUN_STATE_MODULES,
 )
 
 Mutate = Callable[[Callable[..., Any]], Callable[..., Any]]
