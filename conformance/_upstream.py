@@ -213,6 +213,7 @@ fsdp = TorchModule(
         "FullOptimStateDictConfig",
         "ShardedOptimStateDictConfig",
         "MixedPrecision",
+        "MixedPrecisionPolicy",
         "CPUOffload",
     ),
 )

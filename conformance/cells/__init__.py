@@ -2,7 +2,8 @@
 
 A descriptor (``Parallelism``) holds how a cell wraps a model, the world sizes it runs at,
 its family, the roles it takes in checks that try one cell of a kind, the partners that load
-what it saved, and its memory model. ``_parallelisms.py`` declares every cell; the rest of
+what it saved, its memory model, and how it wraps under a mixed-precision policy
+(``_precision.py``). ``_parallelisms.py`` declares every cell; the rest of
 the suite reads them through this package.
 """
 
@@ -37,18 +38,21 @@ from conformance.cells._parallelisms import (
     reshards,
     with_role,
 )
+from conformance.cells._precision import PRECISIONS, Precision
 from conformance.cells._subworld import SubWorld
 from conformance.cells._wrappers import units
 
 __all__ = [
     "DEFAULT_MODEL",
     "PARALLELISMS",
+    "PRECISIONS",
     "SINGLE",
     "TP_TOLERANCE",
     "Family",
     "MemoryModel",
     "Parallelism",
     "Partner",
+    "Precision",
     "Reshard",
     "Role",
     "SubWorld",

@@ -7,12 +7,13 @@ from these fields; none names a cell it could read off a descriptor.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from torch import nn
 
 from conformance._upstream import fully_shard_on
+from conformance.cells._precision import Precision
 
 Wrap = Callable[[nn.Module, Any], nn.Module]
 DEFAULT_MODEL = "mlp"  # the zoo's model (conformance/models/zoo.py) that every cell trains
@@ -93,6 +94,8 @@ class Parallelism:
     roles: frozenset[Role] = frozenset()
     partners: tuple[Partner, ...] = ()
     memory: MemoryModel | None = field(default_factory=MemoryModel)
+    # How the cell wraps under a mixed-precision policy (FSDP's own); None where it has none.
+    wrap_in: Callable[[Precision], Wrap] | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes or any(size < 1 for size in self.sizes):
@@ -101,6 +104,22 @@ class Parallelism:
             raise ValueError(f"{self.name}: family {self.family!r} is not one of {Family}")
         if unknown := set(self.roles) - set(get_args(Role)):
             raise ValueError(f"{self.name}: roles {sorted(unknown)} are not of {Role}")
+
+    def in_precision(self, precision: Precision) -> Parallelism:
+        """This cell computing in ``precision``: a cell of its own, in no role and with no
+        partners, whose state the mixed-precision checks judge."""
+        if self.wrap_in is None:
+            raise ValueError(f"{self.name} has no mixed-precision policy")
+        return replace(
+            self,
+            name=f"{self.name}-{precision.name}",
+            wrap=self.wrap_in(precision),
+            exact=False,
+            roles=frozenset(),
+            partners=(),
+            memory=None,
+            wrap_in=None,
+        )
 
     def parallelise(self, model: nn.Module, world: Any) -> nn.Module:
         """``model`` moved to the rank's device (a CUDA device under NCCL), then wrapped."""

@@ -8,6 +8,8 @@ check modules are imported, as ``tests/test_cells.py`` does).
 
 from __future__ import annotations
 
+from functools import partial
+
 from conformance.cells._descriptor import MemoryModel, Parallelism, Partner, Reshard, Role
 from conformance.cells._experts import split_experts
 from conformance.cells._pipeline import split_into_stages
@@ -74,6 +76,7 @@ def _declared() -> list[Parallelism]:
             family="fsdp2",
             fsdp2=True,
             roles=frozenset({"golden", "staging", "zoo"}),
+            wrap_in=lambda precision: wrap_fsdp2(True, precision=precision),
             partners=(
                 Partner("fsdp2", 4, ("async",)),
                 Partner("fsdp2", 2, _FOUR_TO),
@@ -199,6 +202,7 @@ def _fsdp1_cells() -> list[Parallelism]:
                         roles=_FSDP1_ROLES.get(name, frozenset()),
                         partners=_FSDP1_PARTNERS.get(name, ()),
                         memory=MemoryModel() if measured else None,
+                        wrap_in=partial(wrap_fsdp1, strategy, orig, nested),
                     )
                 )
     return cells

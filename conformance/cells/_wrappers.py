@@ -22,6 +22,7 @@ from conformance._upstream import (
     tensor_parallel,
 )
 from conformance.cells._descriptor import Wrap
+from conformance.cells._precision import Precision
 from conformance.cells._subworld import SubWorld
 
 
@@ -34,7 +35,9 @@ def wrap_replicate(model: nn.Module, world: Any) -> nn.Module:
     return composable.replicate(model, device_mesh=world.mesh(world.size, ("dp",)))
 
 
-def wrap_fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
+def wrap_fsdp1(
+    strategy: str, use_orig_params: bool, nested: bool, precision: Precision | None = None
+) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
         hybrid = strategy == "HYBRID_SHARD"
         options: dict[str, Any] = {
@@ -42,6 +45,8 @@ def wrap_fsdp1(strategy: str, use_orig_params: bool, nested: bool) -> Wrap:
             "use_orig_params": use_orig_params,
             "sharding_strategy": fsdp.ShardingStrategy[strategy],
         }
+        if precision is not None:
+            options["mixed_precision"] = precision.fsdp1_policy()
         mesh = _hybrid_mesh(world) if hybrid else None
         if isinstance(world, SubWorld):
             options["process_group"] = world.group
@@ -62,13 +67,18 @@ def _hybrid_mesh(world: Any) -> Any:
     return world.mesh((world.size // 2, 2), ("replicate", "shard"))
 
 
-def wrap_fsdp2(reshard_after_forward: bool, hybrid: bool = False) -> Wrap:
+def wrap_fsdp2(
+    reshard_after_forward: bool, hybrid: bool = False, precision: Precision | None = None
+) -> Wrap:
     def wrap(model: nn.Module, world: Any) -> nn.Module:
         shard = fully_shard_on(world.device)
         mesh = _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))
+        options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+        if precision is not None:
+            options["mp_policy"] = precision.fsdp2_policy()
         for unit in units(model):
-            shard(model.get_submodule(unit), mesh=mesh, reshard_after_forward=reshard_after_forward)
-        shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            shard(model.get_submodule(unit), **options)
+        shard(model, **options)
         return model
 
     return wrap

@@ -9,10 +9,12 @@ save, for every parallelism. Resharding loads run at 4 → 2 ranks, 4 → 1 (ran
 DDP, ...). A save over an existing checkpoint replaces it where its writer allows it
 (``FileSystemWriter(overwrite=True)``, the default). Where the writer does not, the save is
 refused on every rank and the files are left as they were (upstream's ``test_overwrite``).
+Tensors in lists in lists, an ``OrderedDict`` and integer keys come back as saved.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 from typing import Any
 
@@ -28,7 +30,7 @@ from conformance.cells import (
     loaders_of,
     reshards,
 )
-from conformance.compare import assert_state_dict_equal
+from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models.common import train
 from conformance.training import (
     file_hashes,
@@ -141,3 +143,32 @@ def test_a_save_over_a_checkpoint_replaces_it_only_where_allowed(world, name):
     fresh, fresh_optimizer = model_and_adam(name, world)
     load_checkpoint(fresh, fresh_optimizer, str(path))
     _assert_full_equal(_full(fresh, fresh_optimizer), later)
+
+
+def _nested(rank: int, scale: float) -> dict[Any, Any]:
+    """Tensors inside lists inside lists, among plain numbers, an ``OrderedDict`` and integer
+    keys; the first list's tensor differs on each rank (saved under the rank's own key)."""
+    first = torch.arange(6.0).reshape(2, 3) * scale
+    number = int(10 * scale)  # the plain numbers differ between saved and template too
+    return {
+        f"rank_{rank}": [
+            first + rank,
+            [33 + number, torch.ones(4) * scale, [44 + number, 55]],
+            [66, 77 + number],
+        ],
+        "ordered": collections.OrderedDict(b=torch.full((2,), scale), a=torch.zeros(3) + scale),
+        "by_number": {0: torch.tensor([scale]), 1: 2.5 * scale},
+    }
+
+
+@pytest.mark.world(1, 2)
+def test_nested_containers_come_back_as_saved(world):
+    """Upstream's nested and traversed state dicts: every leaf of lists in lists, an
+    ``OrderedDict`` and integer keys comes back from ``dcp.load`` into a template of the same
+    shape filled with other values; the containers keep their kinds."""
+    path = str(world.tmp_path / "nested")
+    saved = _nested(world.rank, 1.0)
+    dcp.save(copy.deepcopy(saved), checkpoint_id=path)
+    template = _nested(world.rank, 0.0)
+    dcp.load(template, checkpoint_id=path)
+    assert_trees_identical(template, saved)

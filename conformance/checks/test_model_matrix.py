@@ -52,7 +52,11 @@ from conformance.models.zoo import MODELS, TRAIN_STEPS, ModelRecipe
 from conformance.training import load_checkpoint, load_options_for, save_checkpoint
 
 CELLS = with_role("zoo")
-MODEL_IDS = tuple(name for name in MODELS if name != "mlp")  # the plain MLP: the main matrix
+# The plain MLP: the main matrix. Units compiled before the wrapping: test_compiled_models.py,
+# on the golden cells; here the oracle does not yet model them inside nested FSDP1 and HSDP.
+MODEL_IDS = tuple(
+    name for name in MODELS if name != "mlp" and MODELS[name].variant != "compiled_blocks"
+)
 OPTION_SETS = {
     "sharded": {},
     "full": {"full_state_dict": True},

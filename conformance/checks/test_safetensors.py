@@ -16,7 +16,10 @@ hold whole tensors (``consolidated``, ``rank0_full``), the ``safetensors`` packa
 on rank 0. They must hold every key of the model, in its dtype and shape. Each key holds
 exactly the saving model's full state cast to that dtype. That full state is itself the
 single-process state after ``SAVED_AFTER`` steps, within the cell's tolerance. The index names
-the file each key lies in.
+the file each key lies in, and its ``total_size`` the bytes the tensors hold.
+
+A file that ``safetensors.torch.save_file`` wrote on rank 0 (no DCP metadata, no index), of
+the single-process state, loads the same way into every cell.
 
 In every layout, fresh objects of the same cell load the files through
 ``HuggingFaceStorageReader`` into their own (sharded) state dict. The model then holds exactly
@@ -104,9 +107,15 @@ def _assert_files_hold(path: Path, expected: dict[str, torch.Tensor]) -> None:
     }
     read = {key: tensor for tensors in held.values() for key, tensor in tensors.items()}
     assert_state_dict_equal(read, expected)
-    weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+    index = json.loads((path / INDEX).read_text())
     where = {key: name for name, tensors in held.items() for key in tensors}
-    assert weight_map == where, f"{INDEX} maps keys to {weight_map}, the files hold {where}"
+    assert index["weight_map"] == where, (
+        f"{INDEX} maps keys to {index['weight_map']}, the files hold {where}"
+    )
+    size = sum(tensor.numel() * tensor.element_size() for tensor in read.values())
+    assert index.get("metadata", {}).get("total_size") == size, (
+        f"{INDEX} gives a total size of {index.get('metadata')}, the tensors hold {size} bytes"
+    )
 
 
 @pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
@@ -130,3 +139,28 @@ def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, 
     dsd.set_model_state_dict(model, state)
     loaded = _cast(dsd.get_model_state_dict(model, options=full_options()), DTYPES[dtype])
     assert_state_dict_equal(loaded, held_part(expected, model))
+
+
+@pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_file_safetensors_wrote_loads_into_the_cell(world, cell):
+    """A model published by ``safetensors.torch.save_file`` (no DCP metadata, no index) on
+    rank 0: ``HuggingFaceStorageReader`` reads it into every rank's (sharded) state dict."""
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    reader_class = dcp.HuggingFaceStorageReader  # every rank skips where the build lacks it
+    truth = truth_of(parallelism, SAVED_AFTER, OPTIMIZERS[RECIPE], torch.device("cpu")).model
+    path = world.tmp_path / "published"
+    if world.rank == 0:
+        path.mkdir()
+        published = {key: value.contiguous() for key, value in truth.items()}
+        safetensors_torch.save_file(published, str(path / "model.safetensors"))
+    world.barrier()
+    model, _, _ = fresh_training(parallelism, world, RECIPE)
+    state = dsd.get_model_state_dict(model)
+    dcp.load(state, storage_reader=reader_class(str(path)))
+    dsd.set_model_state_dict(model, state)
+    loaded = dsd.get_model_state_dict(model, options=full_options())
+    expected = {key: value.to(world.device) for key, value in held_part(truth, model).items()}
+    assert_state_dict_equal(loaded, expected)

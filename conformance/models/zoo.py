@@ -3,7 +3,9 @@
 A recipe builds the same model on every rank and in the single-process ground truth.
 Variants change how the model runs, never its state: activation checkpointing wraps its
 units (``_checkpoint_wrapped_module.`` in the raw keys), ``torch.compile`` wraps the
-parallelised model (``_orig_mod.``); canonical state dicts must not show either.
+parallelised model (``compiled``) or, before the wrapping, each unit in its place
+(``compiled_blocks``, as recipes compile blocks before FSDP wraps them): ``_orig_mod.`` in
+the raw keys. Canonical state dicts must show none of these.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from conformance.models.common import (
 from conformance.models.experts import seeded_mixture
 from conformance.models.transformer import seeded_transformer
 
-VARIANTS = ("plain", "checkpointed", "compiled")
+VARIANTS = ("plain", "checkpointed", "compiled", "compiled_blocks")
 TRAIN_STEPS = 2
 
 
@@ -98,13 +100,23 @@ class ModelRecipe:
         skipped by the TP cells themselves)."""
         if self.mixed_requires_grad and cell.flat_params and not cell.nested:
             return "one FSDP1 flat parameter cannot mix frozen and trainable parameters"
-        if self.variant == "checkpointed" and not units(self.build()):
-            return f"{self.name} has no units to checkpoint"
+        if self.variant in ("checkpointed", "compiled_blocks") and not units(self.build()):
+            return f"{self.name} has no units to wrap ({self.variant})"
+        if self.variant == "compiled_blocks" and cell.family in ("tp", "2-D"):
+            return (
+                "a TP plan shards the blocks' own layers, so recipes compile blocks after TP; "
+                "this variant compiles them before any wrapping"
+            )
         return None
 
     def make(self, cell: Parallelism, world: Any) -> nn.Module:
         """The model, parallelised by ``cell``, in this recipe's variant."""
         model = self.build()
+        if self.variant == "compiled_blocks":
+            for unit in units(model):
+                parent, _, name = unit.rpartition(".")
+                compiled = torch.compile(model.get_submodule(unit), backend="eager")
+                setattr(model.get_submodule(parent), name, compiled)
         targets = {id(model.get_submodule(unit)) for unit in units(model)}
         wrapped = cell.parallelise(model, world)
         if self.variant == "checkpointed":
