@@ -47,6 +47,7 @@ from conformance.models.optimizers import OPTIMIZERS
 from conformance.training import (
     file_hashes,
     fresh_training,
+    refusal_of,
     spoiled_hugging_face_file,
     trained,
     training_state,
@@ -100,7 +101,7 @@ def test_a_spoiled_checkpoint_is_refused_naming_the_key(world, cell, spoil):
     model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
     template = training_state(model, optimizer, None)
     before = local_copy(template)
-    refused = _refusal_of(template, path)
+    refused = refusal_of(lambda: dcp.load(template, checkpoint_id=str(path)))
     if refused is None:
         assert spoil == "wrong_dtype", f"rank {world.rank}: the {spoil} checkpoint loaded"
         _assert_converted(model, template)
@@ -110,15 +111,6 @@ def test_a_spoiled_checkpoint_is_refused_naming_the_key(world, cell, spoil):
         assert_state_dict_equal(local_copy(training_state(model, optimizer, None)), before)
     world.barrier()
     assert file_hashes(path) == files, f"rank {world.rank}: the load changed the checkpoint"
-
-
-def _refusal_of(template: dict[str, Any], path: Path) -> BaseException | None:
-    """The error ``dcp.load`` of ``path`` into ``template`` raises (its own class), or None."""
-    try:
-        dcp.load(template, checkpoint_id=str(path))
-    except dcp.CheckpointException as refused:
-        return refused
-    return None
 
 
 def _assert_converted(model: Any, template: dict[str, Any]) -> None:

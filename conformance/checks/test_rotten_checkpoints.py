@@ -33,7 +33,6 @@ and malformed headers are ``test_bad_checkpoints_are_refused.py``'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +47,7 @@ from conformance.models.optimizers import OPTIMIZERS
 from conformance.training import (
     differences,
     fresh_training,
+    refusal_of,
     spoiled_hugging_face_file,
     trained,
     training_in,
@@ -115,7 +115,7 @@ def _load_rotten(world: Any, cell: str, rot: Rot) -> tuple[BaseException | None,
     world.barrier()
     model, optimizer, _ = fresh_training(parallelism, world, RECIPE)
     template = training_state(model, optimizer, None, flatten=flatten)
-    refused = _refusal_of(lambda: dcp.load(template, checkpoint_id=str(path)))
+    refused = refusal_of(lambda: dcp.load(template, checkpoint_id=str(path)))
     wrong = [] if refused else differences(tree_leaves(template), saved, ("loaded", "saved"))
     world.barrier()  # every rank has loaded before the next test's saves
     return refused, wrong, path / (METADATA if rot.endswith("metadata") else RANK_0_DATA)
@@ -160,16 +160,6 @@ def _flip_a_saved_byte(file: Path, tensors: list[tuple[str, torch.Tensor]]) -> N
     raise AssertionError(f"{file.name} holds none of the tensors saved: {[p for p, _ in tensors]}")
 
 
-def _refusal_of(load: Callable[[], Any]) -> BaseException | None:
-    """The error ``load`` raised (DCP's own class, which derives from ``BaseException``), or
-    None where it loaded."""
-    try:
-        load()
-    except dcp.CheckpointException as refused:
-        return refused
-    return None
-
-
 @pytest.mark.world(1, 2, 4)
 def test_a_rotten_safetensors_payload_is_refused_naming_the_file(world):
     model = ground_truth(SAVED_AFTER, OPTIMIZERS[RECIPE], device=world.device).model
@@ -178,7 +168,7 @@ def test_a_rotten_safetensors_payload_is_refused_naming_the_file(world):
     template = {key: torch.zeros_like(value) for key, value in model.items()}
     saved = tree_leaves(model)
     reader = dcp.HuggingFaceStorageReader(str(path))
-    refused = _refusal_of(lambda: dcp.load(template, storage_reader=reader))
+    refused = refusal_of(lambda: dcp.load(template, storage_reader=reader))
     if refused is not None:
         assert str(file) in str(refused), (
             f"rank {world.rank}: refused without naming {file}: {str(refused)[-600:]}"

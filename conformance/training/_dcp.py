@@ -49,6 +49,16 @@ def training_state(
     return state
 
 
+def refusal_of(load: Callable[[], Any]) -> BaseException | None:
+    """The error ``load`` raised (DCP's ``CheckpointException``, which derives from
+    ``BaseException``), or None where it loaded."""
+    try:
+        load()
+    except dcp.CheckpointException as refused:
+        return refused
+    return None
+
+
 def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
