@@ -40,7 +40,7 @@ from conformance.cells._parallelisms import (
 )
 from conformance.cells._precision import PRECISIONS, Precision
 from conformance.cells._subworld import SubWorld
-from conformance.cells._wrappers import units
+from conformance.cells._wrappers import replace_submodule, units
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -66,6 +66,7 @@ __all__ = [
     "loaders_of",
     "memory_measured",
     "register",
+    "replace_submodule",
     "reshards",
     "to_experts",
     "units",

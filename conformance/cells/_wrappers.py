@@ -56,7 +56,7 @@ def wrap_fsdp1(
                     wrapped = fsdp.FullyShardedDataParallel(
                         model.get_submodule(unit), device_mesh=mesh, **options
                     )
-                    _replace_submodule(model, unit, wrapped)
+                    replace_submodule(model, unit, wrapped)
             return fsdp.FullyShardedDataParallel(model, device_mesh=mesh, **options)
 
     return wrap
@@ -90,7 +90,8 @@ def units(model: nn.Module) -> tuple[str, ...]:
     return found
 
 
-def _replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+def replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    """Put ``module`` where ``model`` holds the submodule at the dotted ``path``."""
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent), name, module)
 

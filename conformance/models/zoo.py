@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from conformance._upstream import activation_checkpointing
-from conformance.cells import Parallelism, units
+from conformance.cells import Parallelism, replace_submodule, units
 from conformance.models.common import (
     SEED,
     GroundTruth,
@@ -114,9 +114,8 @@ class ModelRecipe:
         model = self.build()
         if self.variant == "compiled_blocks":
             for unit in units(model):
-                parent, _, name = unit.rpartition(".")
                 compiled = torch.compile(model.get_submodule(unit), backend="eager")
-                setattr(model.get_submodule(parent), name, compiled)
+                replace_submodule(model, unit, compiled)
         targets = {id(model.get_submodule(unit)) for unit in units(model)}
         wrapped = cell.parallelise(model, world)
         if self.variant == "checkpointed":
