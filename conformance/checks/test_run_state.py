@@ -52,20 +52,14 @@ pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not in
 SAVED_AFTER = 4
 MORE_STEPS = 4
 RESUMED_SIZE = 2
-DATA_PARALLEL = ("ddp", "fsdp1", "fsdp2")
-GOLDEN = [c for c in PARALLELISMS.values() if "golden" in c.roles and c.family in DATA_PARALLEL]
+GOLDEN = [c.name for c in PARALLELISMS.values() if "golden" in c.roles]
+DATA_PARALLEL = [name for name in GOLDEN if PARALLELISMS[name].family in ("ddp", "fsdp1", "fsdp2")]
+DDP = next(name for name in DATA_PARALLEL if PARALLELISMS[name].family == "ddp")
 # Each data-parallel family's golden cell with SequentialLR; the other schedules on DDP's.
 RUNS: list[tuple[str, Schedule]] = [
-    *((cell.name, "warmup_cosine") for cell in GOLDEN),
-    *(
-        (cell.name, schedule)
-        for cell in GOLDEN
-        if cell.family == "ddp"
-        for schedule in (
-            "lambda_warmup_cosine",
-            "step",
-        )
-    ),
+    *((name, "warmup_cosine") for name in DATA_PARALLEL),
+    (DDP, "lambda_warmup_cosine"),
+    (DDP, "step"),
 ]
 SAVERS = ("dcp", "async_save", "torch_save")
 RESEEDED = 99  # the streams' seed between the save and the load: the load must undo it

@@ -10,7 +10,7 @@ per-rank augmentation, and every step draws from each. A step's ``Draws`` are wh
 run must draw again: the batch's sample indices, the noise, each rank's numbers, the
 learning rate and the loss scale.
 
-``Run.state`` is DCP's ``Stateful`` app state: model and optimizer through
+``RunState`` is a run as DCP's ``Stateful`` app state: model and optimizer through
 ``get_state_dict``/``set_state_dict`` (sharded, or full for ``torch.save``), scheduler,
 scaler and loader through their own ``state_dict``, and the random streams under the
 rank's own key (``random.rank_<r>``): one key for all ranks would be saved once, as DCP
@@ -83,8 +83,9 @@ def _data_set() -> torch.utils.data.TensorDataset:
 
 
 def data_loader() -> Any:
-    """torchdata's ``StatefulDataLoader`` shuffling the data set; its sampler seeds itself
-    from torch's global generator each epoch, as ``shuffle=True`` does by default."""
+    """torchdata's ``StatefulDataLoader`` shuffling the data set. Its sampler seeds its own
+    generator from torch's global one when it is made, and each iterator it makes draws its
+    workers' base seed from the global one, as ``shuffle=True`` does by default."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     return StatefulDataLoader(_data_set(), batch_size=BATCH, shuffle=True)
