@@ -54,12 +54,11 @@ MORE_STEPS = 4
 RESUMED_SIZE = 2
 GOLDEN = [c.name for c in PARALLELISMS.values() if "golden" in c.roles]
 DATA_PARALLEL = [name for name in GOLDEN if PARALLELISMS[name].family in ("ddp", "fsdp1", "fsdp2")]
-DDP = next(name for name in DATA_PARALLEL if PARALLELISMS[name].family == "ddp")
+OF_DDP = [name for name in DATA_PARALLEL if PARALLELISMS[name].family == "ddp"]
 # Each data-parallel family's golden cell with SequentialLR; the other schedules on DDP's.
 RUNS: list[tuple[str, Schedule]] = [
     *((name, "warmup_cosine") for name in DATA_PARALLEL),
-    (DDP, "lambda_warmup_cosine"),
-    (DDP, "step"),
+    *((name, schedule) for name in OF_DDP for schedule in ("lambda_warmup_cosine", "step")),
 ]
 SAVERS = ("dcp", "async_save", "torch_save")
 RESEEDED = 99  # the streams' seed between the save and the load: the load must undo it
