@@ -157,6 +157,7 @@ dcp = TorchModule(
         "DefaultLoadPlanner",
         "HuggingFaceStorageWriter",
         "HuggingFaceStorageReader",
+        "QuantizedHuggingFaceStorageReader",
         "CheckpointException",
     ),
 )
