@@ -27,9 +27,11 @@ ASYNC_MODULES = (STAGER, STAGING, THREAD_CHECKPOINTER, PROCESS_CHECKPOINTER)
 # placements the load asks for.
 DEFAULT_PLANNER = "torch.distributed.checkpoint.default_planner"
 PLANNER_HELPERS = "torch.distributed.checkpoint.planner_helpers"
-# DCP's conversions to and from torch.save files, and its Hugging Face safetensors writer.
+# DCP's conversions to and from torch.save files, its Hugging Face safetensors writer, and its
+# reader of fp8 safetensors published with block scales.
 FORMAT_UTILS = "torch.distributed.checkpoint.format_utils"
 HF_STORAGE = "torch.distributed.checkpoint.hf_storage"
+QUANTIZED_HF_STORAGE = "torch.distributed.checkpoint.quantized_hf_storage"
 # DCP's file storage, as it reads checkpoints that other releases wrote and as it writes them
 # to a store that fails; its fsspec storage, for stores besides a local folder.
 FILESYSTEM = "torch.distributed.checkpoint.filesystem"
@@ -47,6 +49,7 @@ UPSTREAM_MODULES = (
     PLANNER_HELPERS,
     FORMAT_UTILS,
     HF_STORAGE,
+    QUANTIZED_HF_STORAGE,
     FILESYSTEM,
     FSSPEC,
     *RUN_STATE_MODULES,

@@ -1,13 +1,15 @@
 """Mutants of DCP's file storage (``torch/distributed/checkpoint/filesystem.py``) as it reads
 checkpoints that other releases wrote, which only the golden sets (``conformance/golden/``)
-hold, checkpoints whose files rotted after the save, and saves its store fails; and of its
-fsspec storage (``_fsspec_filesystem.py``), which writes to stores besides a local folder."""
+hold, checkpoints whose files rotted after the save, saves its store fails, and the bytes it
+stores of a low-precision tensor; and of its fsspec storage (``_fsspec_filesystem.py``), which
+writes to stores besides a local folder."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.futures import Future
 
 from ci.mutation.mutants._mutant import FILESYSTEM, FSSPEC, mutant_maker
@@ -17,6 +19,7 @@ GOLDEN = "conformance/checks/test_golden_checkpoints.py"
 ROTTEN = "conformance/checks/test_rotten_checkpoints.py"
 FAULTS = "conformance/checks/test_store_faults.py"
 STORES = "conformance/checks/test_object_stores.py"
+LOW_PRECISION = "conformance/checks/test_low_precision.py"
 
 
 def _pairs_unversioned_storage_in_reverse(original: Fn) -> Fn:
@@ -62,6 +65,16 @@ def _renames_by_copying(original: Fn) -> Fn:
     return rename
 
 
+def _widens_narrow_floats(original: Fn) -> Fn:
+    def write_item(transforms: Any, stream: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        narrow = isinstance(data, torch.Tensor) and data.is_floating_point()
+        if narrow and data.element_size() < 4:
+            data = data.float()  # the bug: exact values, twice or four times the bytes
+        return original(transforms, stream, data, *args, **kwargs)
+
+    return write_item
+
+
 MUTANTS = [
     mutant_maker(FILESYSTEM, GOLDEN)(
         "unversioned_checkpoints_read_in_reverse",
@@ -93,5 +106,14 @@ MUTANTS = [
         ".metadata.tmp beside its .metadata",
         _renames_by_copying,
         f"{STORES}::test_a_checkpoint_in_a_store_holds_and_loads_what_local_disk_does",
+    ),
+    mutant_maker(FILESYSTEM, LOW_PRECISION)(
+        "narrow_floats_stored_as_float32",
+        "_write_item",
+        "DCP's file writer stores each bf16, fp16 or fp8 chunk as float32: loads give the "
+        "values back exactly, from files two to four times the size the model's tensors have",
+        _widens_narrow_floats,
+        f"{LOW_PRECISION}::test_a_low_precision_state_comes_back_in_its_dtype_and_size"
+        "[w2-fsdp2-fp8_e4m3-dcp]",
     ),
 ]

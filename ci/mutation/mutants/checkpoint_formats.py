@@ -1,6 +1,6 @@
 """Mutants of DCP's other formats: conversions to and from ``torch.save`` files
-(``torch/distributed/checkpoint/format_utils.py``) and Hugging Face safetensors
-(``hf_storage.py``)."""
+(``torch/distributed/checkpoint/format_utils.py``), Hugging Face safetensors
+(``hf_storage.py``) and fp8 ones published with block scales (``quantized_hf_storage.py``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ from typing import Any
 
 import torch
 
-from ci.mutation.mutants._mutant import FORMAT_UTILS, HF_STORAGE, mutant_maker
+from ci.mutation.mutants._mutant import (
+    FORMAT_UTILS,
+    HF_STORAGE,
+    QUANTIZED_HF_STORAGE,
+    mutant_maker,
+)
 
 Fn = Callable[..., Any]
 CONVERSIONS = "conformance/checks/test_format_conversions.py"
 SAFETENSORS = "conformance/checks/test_safetensors.py"
+QUANTIZED = "conformance/checks/test_quantized_checkpoints.py"
 
 
 def _tensors_only(tree: Any) -> Any:
@@ -61,6 +67,20 @@ def _writes_bfloat16_as_float32(original: Fn) -> Fn:
     return write_data
 
 
+def _blocks_counted_from_the_piece(original: Fn) -> Fn:
+    def block_mapping(self: Any, request: Any) -> Any:
+        rows, cols, row_slice, col_slice = original(self, request)
+        row_shift, col_shift = (first * self.block_size for first in (rows[0], cols[0]))
+        return (
+            (0, rows[1] - rows[0]),  # the bug: the piece's first block taken as block 0
+            (0, cols[1] - cols[0]),
+            slice(row_slice.start - row_shift, row_slice.stop - row_shift),
+            slice(col_slice.start - col_shift, col_slice.stop - col_shift),
+        )
+
+    return block_mapping
+
+
 MUTANTS = [
     mutant_maker(FORMAT_UTILS, CONVERSIONS)(
         "dcp_to_torch_save_drops_non_tensor_state",
@@ -74,5 +94,12 @@ MUTANTS = [
         "HuggingFaceStorageWriter.write_data",
         "the safetensors writer stores a bfloat16 tensor as float32",
         _writes_bfloat16_as_float32,
+    ),
+    mutant_maker(QUANTIZED_HF_STORAGE, QUANTIZED)(
+        "quantized_reader_scales_pieces_from_the_first_block",
+        "QuantizedHuggingFaceStorageReader._get_slice_to_block_mapping",
+        "the fp8 reader dequantizes a rank's piece of a weight with the scales of the blocks "
+        "at the weight's start, not those of the blocks the piece lies in",
+        _blocks_counted_from_the_piece,
     ),
 ]

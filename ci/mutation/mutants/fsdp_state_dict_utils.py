@@ -16,6 +16,7 @@ Fn = Callable[..., Any]
 MODEL_STATE = "conformance/checks/test_fsdp1_model_state.py"
 UPSTREAM_CASES = "conformance/checks/test_fsdp1_state_dict_upstream_cases.py"
 RESHARD = "conformance/checks/test_fsdp1_reshard_loads.py"
+MIXED_PRECISION = "conformance/checks/test_mixed_precision.py"
 
 
 def _local_tensor(value: Any) -> torch.Tensor | None:
@@ -81,6 +82,22 @@ def _rank0_only_ignored(original: Fn) -> Fn:
     return pre
 
 
+def _masters_in_the_compute_dtype(original: Fn) -> Fn:
+    def hook(module: Any, fsdp_state: Any, state_dict: dict[str, Any], prefix: str) -> Any:
+        state_dict = original(module, fsdp_state, state_dict, prefix)
+        compute = getattr(fsdp_state.mixed_precision, "param_dtype", None)
+        if compute is None:
+            return state_dict
+        return {  # the bug: gathered as the forward gathers them, then widened back
+            key: value.to(compute).to(value.dtype)
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float32
+            else value
+            for key, value in state_dict.items()
+        }
+
+    return hook
+
+
 _mutant = mutant_maker(FSDP_STATE_DICT_UTILS, MODEL_STATE, UPSTREAM_CASES, RESHARD)
 
 MUTANTS = [
@@ -122,5 +139,12 @@ MUTANTS = [
         "_full_pre_state_dict_hook",
         "FULL_STATE_DICT with rank0_only returns the full state dict on every rank",
         _rank0_only_ignored,
+    ),
+    mutant_maker(FSDP_STATE_DICT_UTILS, MIXED_PRECISION)(
+        "full_state_dict_of_the_compute_copy",
+        "_full_post_state_dict_hook",
+        "under MixedPrecision FSDP1's full state dict gathers the parameters in the compute "
+        "dtype, as its forward does, and widens them back: the fp32 masters' low bits are lost",
+        _masters_in_the_compute_dtype,
     ),
 ]
