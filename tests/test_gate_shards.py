@@ -58,6 +58,17 @@ def test_a_modules_tests_at_one_world_size_stay_together_and_the_load_is_even() 
     assert sorted(loads) == [10.5, 14.0]
 
 
+def test_a_group_heavier_than_a_shards_share_is_cut_into_runs_of_its_ids() -> None:
+    long = [f"conformance/checks/test_long.py::t[w2-{n}]" for n in range(4)]
+    ids = [*long, "conformance/checks/test_b.py::t[w2]", "conformance/checks/test_b.py::v[w2]"]
+    weights = {**DURATIONS, "conformance/checks/test_long.py::t[w2]": 5.0}
+    parts = shard.split(ids, weights, 2)
+    # 26 s in all, 13 s a part: test_long (20 s) goes as two runs of two ids (10 s each), one
+    # to each part; test_b (6 s) stays whole, on the first part at the tie.
+    assert parts == [[*long[:2], *ids[4:]], long[2:]]
+    assert sum(len(part) for part in parts) == len(ids)
+
+
 def test_jobs_claim_the_largest_world_first_and_within_it_the_dearest_group() -> None:
     order = [group for group, _ in shard.claim_order(IDS, DURATIONS)]
     assert order == [

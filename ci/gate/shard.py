@@ -4,7 +4,9 @@ Every runner collects the same ids and splits them alike, so the N parts hold ev
 Ids go in groups, a module's tests at one world size together (a runner then sets up that
 world once for them, not once per shard), and the groups are dealt, dearest first, to the
 part with the least recorded time so far (each id weighs its test function's mean duration
-at its world size, ``ci/gate/mean-durations.json``). ``python -m
+at its world size, ``ci/gate/mean-durations.json``). A group that outweighs a part's share
+of the whole (a module of a few long tests) is cut into runs of its ids within that share,
+so no part waits on one module. ``python -m
 ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.gate.shard``.
 
 Jobs side by side on one host (``ci.gate.jobs``) do not split their ids ahead: each runs the
@@ -53,15 +55,35 @@ def _weight(members: list[str], durations: dict[str, float]) -> float:
     return sum(durations.get(weight_key(nodeid), UNKNOWN_DURATION_S) for nodeid in members)
 
 
+def _pieces(members: list[str], durations: dict[str, float], share: float) -> list[list[str]]:
+    """``members`` whole where they weigh ``share`` or less; else cut, in their order, into
+    runs that each weigh at most ``share`` (an id heavier than it alone in its run)."""
+    if _weight(members, durations) <= share:
+        return [members]
+    pieces: list[list[str]] = [[]]
+    load = 0.0
+    for nodeid in members:
+        weight = _weight([nodeid], durations)
+        if pieces[-1] and load + weight > share:
+            pieces.append([])
+            load = 0.0
+        pieces[-1].append(nodeid)
+        load += weight
+    return pieces
+
+
 def split(ids: list[str], durations: dict[str, float], count: int) -> list[list[str]]:
     """``ids`` in ``count`` parts of near-equal recorded time, each group of a module at one
-    world size in one part; ids keep their order within a part."""
+    world size in one part unless it outweighs a part's share; ids keep their order within a
+    part."""
     loads = [0.0] * count
     owner: dict[str, int] = {}
-    by_weight = sorted(
-        _groups(ids).items(), key=lambda group: (-_weight(group[1], durations), group[0])
-    )
-    for _, members in by_weight:
+    share = _weight(ids, durations) / count
+    pieces = [
+        piece for members in _groups(ids).values() for piece in _pieces(members, durations, share)
+    ]
+    by_weight = sorted(pieces, key=lambda piece: (-_weight(piece, durations), piece[0]))
+    for members in by_weight:
         part = min(range(count), key=lambda index: (loads[index], index))
         loads[part] += _weight(members, durations)
         owner.update(dict.fromkeys(members, part))
