@@ -245,7 +245,10 @@ def set_model_state_dict(
             group=_fsdp1_group(model),
         )
     result = model.load_state_dict(native, strict=options.strict, assign=assign)
-    return IncompatibleKeys(list(result.missing_keys), list(result.unexpected_keys))
+    # Reported by canonical FQN, as every key of this API is (a wrapper's ``module.`` is not
+    # the caller's name for it); unexpected keys are the caller's own.
+    missing = [names.fqn_of_key(key) for key in result.missing_keys]
+    return IncompatibleKeys(missing, list(result.unexpected_keys))
 
 
 def _localised(

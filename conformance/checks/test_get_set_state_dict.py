@@ -37,6 +37,7 @@ that another stage holds.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -206,18 +207,27 @@ def _model_loader(loader: str) -> tuple[Any, Any]:
 
 @pytest.mark.world(2, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
-def test_strict_load_refuses_an_unexpected_key_and_non_strict_reports_it(world, name):
-    """A key the model lacks: strict loading raises, in torch and in the oracle, naming it;
-    non-strict loading reports it among the unexpected keys, the same in both."""
+def test_strict_load_refuses_an_unexpected_or_missing_key_and_non_strict_reports_them(world, name):
+    """A key the model lacks, or a dict that lacks one of the model's keys: strict loading
+    raises, in torch and in the oracle, naming it; non-strict loading of a dict with both
+    reports them as unexpected and missing keys, the same in both."""
     model, _ = build(PARALLELISMS[name], world)
-    state = {**ri.get_model_state_dict(model), "fc3.weight": torch.zeros(1)}
-    reported = []
-    for load, options in map(_model_loader, ("torch", "oracle")):
+    held = ri.get_model_state_dict(model)
+    dropped = sorted(held)[0]
+    state = {**held, "fc3.weight": torch.zeros(1)}
+    lacking = {key: value for key, value in held.items() if key != dropped}
+    reported = {}
+    for loader in ("torch", "oracle"):
+        load, options = _model_loader(loader)
         with pytest.raises(RuntimeError, match=r"fc3\.weight"):
             load(model, copy.copy(state), options=options(strict=True))
-        keys = load(model, copy.copy(state), options=options(strict=False))
-        reported.append((sorted(keys.missing_keys), sorted(keys.unexpected_keys)))
-    assert reported[0] == reported[1] == ([], ["fc3.weight"])
+        with pytest.raises(RuntimeError, match=rf"(?i)missing key.*{re.escape(dropped)}"):
+            load(model, copy.copy(lacking), options=options(strict=True))
+        both = {**lacking, "fc3.weight": torch.zeros(1)}
+        keys = load(model, both, options=options(strict=False))
+        reported[loader] = (sorted(keys.missing_keys), sorted(keys.unexpected_keys))
+    expected = ([dropped], ["fc3.weight"])  # (missing, unexpected), by canonical FQN
+    assert reported == {"torch": expected, "oracle": expected}, f"rank {world.rank}"
 
 
 BROADCAST = {"full_state_dict": True, "broadcast_from_rank0": True}
