@@ -235,6 +235,14 @@ sharded_tensor = TorchModule(
     "torch.distributed._shard.sharded_tensor",
     ("ShardedTensor", "Shard", "ShardMetadata", "init_from_local_shards"),
 )
+# What a pickled ShardedTensor names besides its own module's classes: a weights-only load
+# must allow them (``torch.serialization.safe_globals``).
+sharded_tensor_metadata = TorchModule(
+    "torch.distributed._shard.sharded_tensor.metadata",
+    ("ShardedTensorMetadata", "TensorProperties", "MEM_FORMAT_ENCODING"),
+)
+sharding_spec = TorchModule("torch.distributed._shard.sharding_spec", ("ChunkShardingSpec",))
+remote_device = TorchModule("torch.distributed.remote_device", ("_remote_device",))
 ddp = TorchModule("torch.nn.parallel", ("DistributedDataParallel",))
 composable = TorchModule("torch.distributed._composable", ("replicate",))
 activation_checkpointing = TorchModule(
@@ -260,6 +268,9 @@ MODULES: tuple[TorchModule, ...] = (
     tensor_parallel,
     device_mesh,
     sharded_tensor,
+    sharded_tensor_metadata,
+    sharding_spec,
+    remote_device,
     ddp,
     composable,
     activation_checkpointing,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -390,7 +391,8 @@ def test_load_directly_loads_what_the_oracle_converts(world, use_orig_params):
 @pytest.mark.world(2)
 def test_parameters_whose_requires_grad_changes_between_steps(world):
     """The first layer is frozen on even steps (use_orig_params): after every step, torch
-    and the oracle save the same state, and loading it back changes nothing."""
+    and the oracle save the same state and convert it alike for the load, and torch's load
+    of it (``load_directly``) changes nothing."""
     model = small.fsdp1(small.four_linears(), world.device, use_orig_params=True)
     optimizer = adam(model)
     first_layer = model.module[0]
@@ -403,7 +405,13 @@ def test_parameters_whose_requires_grad_changes_between_steps(world):
         )
         ours = ri.fsdp_optim_state_dict(model, optimizer)
         assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
-        optimizer.load_state_dict(ri.fsdp_optim_state_dict_to_load(model, optimizer, ours))
+        to_load = fsdp1_api("optim_state_dict_to_load")
+        convert = functools.partial(to_load, model, optimizer, copy.deepcopy(theirs))
+        converted = under_optim_settings(model, "full", convert)
+        expected = ri.fsdp_optim_state_dict_to_load(model, optimizer, ours)
+        assert_trees_identical(keys_and_names_sorted(converted), keys_and_names_sorted(expected))
+        load = functools.partial(to_load, model, optimizer, theirs, load_directly=True)
+        under_optim_settings(model, "full", load)
         assert_trees_identical(
             keys_and_names_sorted(optimizer.state_dict()), keys_and_names_sorted(held)
         )

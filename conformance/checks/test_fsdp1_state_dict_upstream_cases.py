@@ -50,7 +50,16 @@ import torch.distributed as dist
 from torch import nn
 
 import reference_impl as ri
-from conformance._upstream import activation_checkpointing, ddp, fsdp, fsdp_wrap, sharded_tensor
+from conformance._upstream import (
+    activation_checkpointing,
+    ddp,
+    fsdp,
+    fsdp_wrap,
+    remote_device,
+    sharded_tensor,
+    sharded_tensor_metadata,
+    sharding_spec,
+)
 from conformance.cells import SubWorld
 from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models import fsdp1_small as small
@@ -444,7 +453,8 @@ def test_state_dict_skip_module(world, kind):
 @pytest.mark.parametrize("prefix", ["", "foo."], ids=["no_prefix", "prefix"])
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 def test_state_dict_with_ignored_modules(world, kind, prefix, ignore_inner, mixed_precision):
-    """Ignored parameters and all buffers are saved as they are: not copied, not cast."""
+    """Ignored parameters and all buffers are saved as they are, by every save: not copied,
+    not cast."""
     model = small.InnerOuter(
         world.device,
         inner_fsdp=True,
@@ -465,8 +475,12 @@ def test_state_dict_with_ignored_modules(world, kind, prefix, ignore_inner, mixe
         mixed_precision=small.half_precision() if mixed_precision else None,
     )
     saved = ri.gather_state_dict(_saved(wrapped, kind, world.device, prefix=prefix))
+    again = ri.gather_state_dict(_saved(wrapped, kind, world.device, prefix=prefix))
     for name, tensor in kept.items():
-        assert saved[prefix + name].data_ptr() == tensor.data_ptr(), f"{prefix}{name} was copied"
+        for which, state in (("first", saved), ("second", again)):
+            assert state[prefix + name].data_ptr() == tensor.data_ptr(), (
+                f"the {which} save copied {prefix}{name}"
+            )
     assert (
         saved[prefix + "inner.buffer"].dtype
         == saved[prefix + "outer.buffer"].dtype
@@ -535,13 +549,27 @@ def test_local_state_dict_with_empty_ranks(world):
 
 @pytest.mark.world(2)
 def test_local_state_dict_survives_torch_save_and_load(world):
-    """A LOCAL state dict (ShardedTensors of the flat shards) through ``torch.save``/``load``."""
+    """A LOCAL state dict (ShardedTensors of the flat shards) through ``torch.save`` and a
+    weights-only ``torch.load`` that allows the classes a ShardedTensor pickles."""
     model = small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device)
     saved = _saved(model, "local", world.device)
     buffer = io.BytesIO()
     torch.save(saved, buffer)
     buffer.seek(0)
-    reloaded = torch.load(buffer, weights_only=False)
+    allowed = [
+        sharded_tensor.Shard,
+        sharded_tensor.ShardMetadata,
+        sharded_tensor.ShardedTensor,
+        sharded_tensor.ShardedTensor.ProcessGroupState,
+        sharded_tensor_metadata.ShardedTensorMetadata,
+        sharded_tensor_metadata.TensorProperties,
+        sharded_tensor_metadata.MEM_FORMAT_ENCODING,
+        sharding_spec.ChunkShardingSpec,
+        remote_device._remote_device,
+        getattr,
+    ]
+    with torch.serialization.safe_globals(allowed):
+        reloaded = torch.load(buffer, weights_only=True)
     assert_trees_identical(reloaded, saved)
 
 

@@ -446,10 +446,11 @@ def test_fsdp2_optimizer_state_is_dtensor_in_sharded_state_dicts(world):
             )
 
 
-@pytest.mark.world(1)
+@pytest.mark.world(1, 2)
 def test_broadcast_of_cpu_tensors_under_a_device_backend(world):
     """pytorch#138842: a CPU model loads a full state dict broadcast over a backend that moves
-    only accelerator tensors (NCCL, XCCL, HCCL, ...)."""
+    only accelerator tensors (NCCL, XCCL, HCCL, ...): rank 0 gives it, every other rank
+    ``{}``, and every rank holds rank 0's values."""
     served = {part.partition(":")[0] for part in dist.get_backend_config().split(",")}
     if "cpu" in served:
         pytest.skip(
