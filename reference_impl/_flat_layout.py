@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reference_impl._fqn import _join, without_stripped_segments
+from reference_impl._fqn import _join, without_wrapper_segments
 
 
 @dataclass(frozen=True)
@@ -188,9 +188,9 @@ class FlatParamShard:
     sharded: bool = True  # False under NO_SHARD (a shard group of one rank is still sharded)
 
     def canonical(self, fqn: str) -> str:
-        """The canonical FQN of a name relative to the wrapped module (checkpoint wrappers
-        inside it leave their segment in the flat parameter's records)."""
-        return self.prefix + without_stripped_segments(fqn)
+        """The canonical FQN of a name relative to the wrapped module (checkpoint wrappers and
+        compiled units inside it leave their segments in the flat parameter's records)."""
+        return self.prefix + without_wrapper_segments(fqn)
 
     @property
     def fqns(self) -> list[str]:

@@ -133,7 +133,15 @@ def without_stripped_segments(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _STRIPPED_SEGMENTS)
 
 
+def without_wrapper_segments(name: str) -> str:
+    """``name`` without any wrapper's segment a module path beneath FSDP1 can hold (FSDP1's,
+    checkpointing's, and ``torch.compile``'s ``_orig_mod`` of a unit compiled before the
+    wrapping): the canonical FQN of a name a flat parameter records."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
 _STRIPPED_SEGMENTS = frozenset(_STRIPPED_FROM_KEYS.values())
+_WRAPPER_SEGMENTS = _STRIPPED_SEGMENTS | ({"_orig_mod"} if _compiled is not None else set())
 
 
 def _walk(
@@ -167,7 +175,8 @@ def _walk(
             yield Entry(_join(fqn, name), _join(key, name), param, module)
         else:
             for original in originals:
-                yield Entry(_join(fqn, original), _join(key, original), param, module)
+                canonical = without_wrapper_segments(original)
+                yield Entry(_join(fqn, canonical), _join(key, original), param, module)
     if type(module).get_extra_state is not nn.Module.get_extra_state:
         yield Entry(_join(fqn, EXTRA_STATE), _join(key, EXTRA_STATE), None, module)
 

@@ -8,7 +8,9 @@ The models:
 - a small transformer (``conformance/models/transformer.py``): two blocks of causal attention
   and a feed-forward layer whose width 10 splits unevenly, layer norms, Megatron-style TP plan;
 - the MLP and transformer under activation checkpointing (``*_checkpointed``);
-- the MLP and transformer under ``torch.compile`` with the eager backend (``*_compiled``).
+- the MLP and transformer under ``torch.compile`` with the eager backend, the whole wrapped
+  model (``*_compiled``) or each unit before the wrapping, as recipes compile blocks
+  (``*_compiled_blocks``).
 
 Each model runs in ``ddp``, FSDP1 (FULL_SHARD orig/flat nested, SHARD_GRAD_OP flat,
 HYBRID_SHARD orig nested), ``fsdp2``, ``fsdp2_keep_unsharded``, ``hsdp2``, ``tp`` and
@@ -52,11 +54,8 @@ from conformance.models.zoo import MODELS, TRAIN_STEPS, ModelRecipe
 from conformance.training import load_checkpoint, load_options_for, save_checkpoint
 
 CELLS = with_role("zoo")
-# The plain MLP: the main matrix. Units compiled before the wrapping: test_compiled_models.py,
-# on the golden cells; here the oracle does not yet model them inside nested FSDP1 and HSDP.
-MODEL_IDS = tuple(
-    name for name in MODELS if name != "mlp" and MODELS[name].variant != "compiled_blocks"
-)
+# The plain MLP: the main matrix.
+MODEL_IDS = tuple(name for name in MODELS if name != "mlp")
 OPTION_SETS = {
     "sharded": {},
     "full": {"full_state_dict": True},
