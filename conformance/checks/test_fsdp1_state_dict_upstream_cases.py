@@ -433,14 +433,17 @@ def test_state_dict_load_into_local_module(world, kind, root):
 @pytest.mark.world(2)
 @pytest.mark.parametrize("kind", KINDS)
 def test_state_dict_skip_module(world, kind):
-    """A module detached while wrapping and reattached saves under its plain names."""
+    """A module detached while wrapping and reattached saves under its plain names, and the
+    gathered state loads strictly into the model without FSDP, giving its values."""
     model = small.with_skipped_module(world.device)
     model(torch.randn(1, 10, device=world.device)).sum().backward()
     saved = _saved(model, kind, world.device)
+    gathered, values = ri.gather_state_dict(saved), _values(model)  # collectives: every rank
     if kind != "local" and (world.rank == 0 or kind != "full_rank0_only"):
-        assert sorted(saved) == sorted(
-            small.WithSkippedModule(world.device, wrap=False).state_dict()
-        )
+        plain = small.WithSkippedModule(world.device, wrap=False)
+        assert sorted(saved) == sorted(plain.state_dict())
+        plain.load_state_dict(gathered, strict=True)
+        assert_state_dict_equal(_detached(plain), values)
     _assert_loads_back(lambda: small.with_skipped_module(world.device), model, saved, kind)
 
 

@@ -398,15 +398,28 @@ def test_compiled_model_keys_before_and_after_set(world):
 
 
 @pytest.mark.world(2)
-def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(world):
-    """pytorch#124546: FSDP1 without orig params plus checkpoint wrappers: canonical FQNs."""
+@pytest.mark.parametrize("use_orig_params", [False, True])
+@pytest.mark.parametrize("checkpointed", ["after_wrapping", "before_wrapping"])
+def test_fsdp1_flat_params_with_activation_checkpointing_have_canonical_fqns(
+    world, checkpointed, use_orig_params
+):
+    """pytorch#124546: FSDP1 plus checkpoint wrappers, applied to the wrapped model or, as
+    upstream's test does, before the wrapping (the flat parameter then records its originals
+    through ``_checkpoint_wrapped_module``): canonical FQNs."""
 
+    def checkpoint(module: torch.nn.Module) -> None:
+        activation_checkpointing.apply_activation_checkpointing(
+            module, check_fn=lambda m: isinstance(m, torch.nn.Linear)
+        )
+
+    model = seeded_mlp()
+    if checkpointed == "before_wrapping":
+        checkpoint(model)
     model = fsdp.FullyShardedDataParallel(
-        seeded_mlp(), device_id=world.device, use_orig_params=False
+        model, device_id=world.device, use_orig_params=use_orig_params
     )
-    activation_checkpointing.apply_activation_checkpointing(
-        model, check_fn=lambda m: isinstance(m, torch.nn.Linear)
-    )
+    if checkpointed == "after_wrapping":
+        checkpoint(model)
     optimizer = adam(model)
     train(model, optimizer, steps=2)
     truth = ground_truth(steps=2, device=world.device)
