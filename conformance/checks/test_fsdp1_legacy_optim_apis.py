@@ -116,9 +116,11 @@ def _single_process_adam(device: torch.device) -> tuple[torch.nn.Module, torch.o
 
 
 @pytest.mark.world(2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("given", ["full", "sharded"])
 @pytest.mark.parametrize("name", FSDP1_CELLS)
-def test_rekey_to_ids_matches_the_oracle(world, name):
-    """FQN-keyed state re-keyed to IDs for an unwrapped model loads into its optimizer as is.
+def test_rekey_to_ids_matches_the_oracle(world, name, given):
+    """FQN-keyed state re-keyed to IDs for an unwrapped model loads into its optimizer as is;
+    ``sharded_optim_state_dict``'s state (ShardedTensors) re-keys to the same, once gathered.
 
     The oracle re-keys the same way whether it is given the unwrapped model
     or the wrapped one with its own optimizer.
@@ -127,11 +129,14 @@ def test_rekey_to_ids_matches_the_oracle(world, name):
     full = ri.fsdp_optim_state_dict(model, optimizer)
     plain, plain_optimizer = _single_process_adam(world.device)
     rekey = fsdp1_api("rekey_optim_state_dict")
-    theirs = rekey(full, fsdp.OptimStateKeyType.PARAM_ID, plain, optim=plain_optimizer)
+    source = full
+    if given == "sharded":
+        source = fsdp1_api("sharded_optim_state_dict")(model, optimizer)
+    theirs = rekey(source, fsdp.OptimStateKeyType.PARAM_ID, plain, optim=plain_optimizer)
     ours = ri.fsdp_rekey_optim_state_dict(
         full, fsdp.OptimStateKeyType.PARAM_ID, plain, plain_optimizer
     )
-    assert_trees_identical(theirs, ours)
+    assert_trees_identical(ri.gather_state_dict(theirs), ours)
     by_wrapped = ri.fsdp_rekey_optim_state_dict(
         full, fsdp.OptimStateKeyType.PARAM_ID, model, optimizer
     )

@@ -346,24 +346,40 @@ def test_full_load_of_uneven_fsdp2_tp_tensors(world):
 
 
 @pytest.mark.world(2)
-@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
-def test_shared_parameters_in_set_optimizer_state_dict(world, name):
-    """pytorch#128011: a tied parameter's state loads through whichever FQN names it."""
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flattened"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp1_flat", "fsdp2"])
+def test_shared_parameters_in_set_optimizer_state_dict(world, name, flatten):
+    """pytorch#128011: a tied parameter's model and optimizer state, saved sharded (nested or
+    flattened), load into fresh objects through whichever FQN names it, giving the saved full
+    state; FSDP1 keeps the tied parameter in a flat parameter."""
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
         if name == "ddp":
             return ddp.DistributedDataParallel(model)
+        if name == "fsdp1_flat":
+            return fsdp.FullyShardedDataParallel(
+                model, device_id=world.device, use_orig_params=False
+            )
         return fully_shard_on(world.device)(model, mesh=world.mesh(world.size, ("dp",)))
 
+    options = dsd.StateDictOptions(flatten_optimizer_state_dict=flatten)
     model = wrap(seeded_tied())
     optimizer = adam(model)
     train(model, optimizer, steps=2, inputs=tokens)
-    saved = copy.deepcopy(dsd.get_optimizer_state_dict(model, optimizer, options=full_options()))
+    saved_model, saved = copy.deepcopy(dsd.get_state_dict(model, optimizer, options=options))
+    expected_model, expected = dsd.get_state_dict(model, optimizer, options=full_options())
     fresh = wrap(seeded_tied())
     fresh_optimizer = adam(fresh)
-    dsd.set_optimizer_state_dict(fresh, fresh_optimizer, saved, options=full_options())
-    loaded = dsd.get_optimizer_state_dict(fresh, fresh_optimizer, options=full_options())
-    assert_state_dict_equal(loaded["state"], saved["state"])
+    dsd.set_state_dict(
+        fresh,
+        fresh_optimizer,
+        model_state_dict=saved_model,
+        optim_state_dict=saved,
+        options=options,
+    )
+    loaded_model, loaded = dsd.get_state_dict(fresh, fresh_optimizer, options=full_options())
+    assert_state_dict_equal(loaded_model, expected_model)
+    assert_state_dict_equal(loaded["state"], expected["state"])
 
 
 @pytest.mark.world(2)
