@@ -346,12 +346,13 @@ def test_full_load_of_uneven_fsdp2_tp_tensors(world):
 
 
 @pytest.mark.world(2)
+@pytest.mark.parametrize("saved_as", ["sharded", "full"])
 @pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flattened"])
 @pytest.mark.parametrize("name", ["ddp", "fsdp1_flat", "fsdp2"])
-def test_shared_parameters_in_set_optimizer_state_dict(world, name, flatten):
-    """pytorch#128011: a tied parameter's model and optimizer state, saved sharded (nested or
-    flattened), load into fresh objects through whichever FQN names it, giving the saved full
-    state; FSDP1 keeps the tied parameter in a flat parameter."""
+def test_shared_parameters_in_set_optimizer_state_dict(world, name, flatten, saved_as):
+    """pytorch#128011: a tied parameter's model and optimizer state, saved sharded or full,
+    nested or flattened, loads into fresh objects through whichever FQN names it, giving the
+    saved full state; FSDP1 keeps the tied parameter in a flat parameter."""
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
         if name == "ddp":
@@ -362,7 +363,8 @@ def test_shared_parameters_in_set_optimizer_state_dict(world, name, flatten):
             )
         return fully_shard_on(world.device)(model, mesh=world.mesh(world.size, ("dp",)))
 
-    options = dsd.StateDictOptions(flatten_optimizer_state_dict=flatten)
+    full = saved_as == "full"
+    options = dsd.StateDictOptions(full_state_dict=full, flatten_optimizer_state_dict=flatten)
     model = wrap(seeded_tied())
     optimizer = adam(model)
     train(model, optimizer, steps=2, inputs=tokens)
