@@ -69,6 +69,7 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
     "full": {"full_state_dict": True},
     "full_offload": {"full_state_dict": True, "cpu_offload": True},
     "flat_optim": {"flatten_optimizer_state_dict": True},
+    "full_flat_optim": {"full_state_dict": True, "flatten_optimizer_state_dict": True},
     "no_frozen": {"ignore_frozen_params": True},
 }
 
@@ -149,7 +150,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
 
 
 @pytest.mark.world(1, 2, 4, applies=exists_at_size())
-@pytest.mark.parametrize("options", ["sharded", "full"])
+@pytest.mark.parametrize("options", ["sharded", "full", "full_flat_optim"])
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_set_state_dict_matches_the_oracle(world, name, options):
     """Load the same state dict into two fresh models, by torch and by the oracle."""
