@@ -78,7 +78,7 @@ def test_dcp_to_torch_save_gives_the_full_training_state(world, cell):
     if world.rank == 0:
         converted = world.tmp_path / "converted.pt"
         dcp_formats.dcp_to_torch_save(checkpoint, converted)
-        state = torch.load(converted, weights_only=False)
+        state = torch.load(converted, weights_only=True)  # torch.load's default since 2.6
         assert_state_is_single_process(
             state["model"],
             state["optim"],

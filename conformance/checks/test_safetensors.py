@@ -5,11 +5,12 @@ Each cell trains ``SAVED_AFTER`` steps and saves its model's state through
 
 - ``consolidated``: every rank writes its pieces (``save_distributed``), and the save joins
   them into whole tensors (``enable_consolidation``). They go in two files chosen by
-  ``fqn_to_index_mapping``: ``fc1``'s tensors in the first, the rest in the second. The
-  ``model.safetensors.index.json`` maps each key to its file.
+  ``fqn_to_index_mapping``: ``fc1``'s tensors in ``model-00001-of-00002.safetensors``, the
+  rest in ``model-00002-of-00002.safetensors``. The ``model.safetensors.index.json`` maps
+  each key to its file.
 - ``sharded``: every rank writes its pieces, not joined.
 - ``rank0_full``: the full state dict saved by rank 0 alone (``no_dist``), as a model is
-  published.
+  published, in ``model-00001-of-00001.safetensors``.
 
 The state is saved in ``float32`` and, cast piece by piece, in ``bfloat16``. Where the files
 hold whole tensors (``consolidated``, ``rank0_full``), the ``safetensors`` package reads them
@@ -97,14 +98,17 @@ def _save(
     return full
 
 
-def _assert_files_hold(path: Path, expected: dict[str, torch.Tensor]) -> None:
-    """The safetensors files under ``path`` (not below) hold ``expected``, and its index
-    names the file of each key."""
+def _assert_files_hold(path: Path, expected: dict[str, torch.Tensor], files: int) -> None:
+    """The ``files`` safetensors files under ``path`` (not below), named as Hugging Face
+    names the parts of a model (``model-00001-of-00002.safetensors``), hold ``expected``,
+    and its index names the file of each key."""
     safetensors_torch = pytest.importorskip("safetensors.torch")
     held = {
         file.name: safetensors_torch.load_file(str(file))
         for file in sorted(path.glob("*.safetensors"))
     }
+    named = [f"model-{part:05d}-of-{files:05d}.safetensors" for part in range(1, files + 1)]
+    assert sorted(held) == named, f"the save wrote {sorted(held)}, not {named}"
     read = {key: tensor for tensors in held.values() for key, tensor in tensors.items()}
     assert_state_dict_equal(read, expected)
     index = json.loads((path / INDEX).read_text())
@@ -132,7 +136,7 @@ def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, 
     assert_state_dict_equal(trained, truth, **comparison_tolerance(parallelism))
     expected = _cast(trained, DTYPES[dtype])
     if layout != "sharded" and world.rank == 0:
-        _assert_files_hold(path, expected)
+        _assert_files_hold(path, expected, files=2 if layout == "consolidated" else 1)
     model, _, _ = fresh_training(parallelism, world, RECIPE)
     state = _cast(dsd.get_model_state_dict(model), DTYPES[dtype])
     dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
