@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 import torch
 
-from conformance._upstream import dcp, dsd, dtensor
+from conformance._upstream import dcp, dsd
 from conformance.cells import PARALLELISMS, first_size_only, with_role
+from conformance.compare import local_part
 from conformance.models.common import seeded_mlp
 from conformance.models.zoo import model_of
 from conformance.training import refusal_of
@@ -60,8 +61,8 @@ def test_a_load_into_another_dtype_converts_exactly_or_refuses(world, name, pair
         return
     loaded_dtype = PAIRS[pair][1]
     for key, value in template.items():
-        expected = _local(saved[key]).to(loaded_dtype)
-        got = _local(value)
+        expected = local_part(saved[key]).to(loaded_dtype)
+        got = local_part(value)
         assert got.dtype == loaded_dtype, f"rank {world.rank}, {key}: loaded as {got.dtype}"
         assert torch.equal(got, expected), (
             f"rank {world.rank}, {key}: {pair} loaded {got.flatten()[:3].tolist()}..., not the "
@@ -106,7 +107,3 @@ def _saved_and_template(
     dcp.save(state, checkpoint_id=path)
     template = {key: torch.zeros_like(value, dtype=loaded_dtype) for key, value in state.items()}
     return state, template, path
-
-
-def _local(value: Any) -> torch.Tensor:
-    return value.to_local() if isinstance(value, dtensor.DTensor) else value

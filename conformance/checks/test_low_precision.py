@@ -38,9 +38,9 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from conformance._upstream import dcp, dsd, dtensor, full_options, with_parameters
+from conformance._upstream import dcp, dsd, full_options, with_parameters
 from conformance.cells import PARALLELISMS, first_size_only, with_role
-from conformance.compare import whole_model_state
+from conformance.compare import local_part, whole_model_state
 from conformance.models.common import seeded_mlp
 from conformance.models.zoo import model_of
 
@@ -120,28 +120,24 @@ def _cast(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def _local(value: Any) -> torch.Tensor:
-    return value.to_local() if isinstance(value, dtensor.DTensor) else value
-
-
 def _bits(value: Any) -> torch.Tensor:
     """The bytes of ``value``'s local part: fp8 has no equality of its own on every build,
     and bytes compare NaNs too."""
-    return _local(value).contiguous().reshape(-1).view(torch.uint8)
+    return local_part(value).contiguous().reshape(-1).view(torch.uint8)
 
 
 def _assert_bitwise(rank: int, got: dict[str, Any], expected: dict[str, Any]) -> None:
     assert got.keys() == expected.keys(), f"rank {rank}: keys {sorted(got)}"
     for key, value in expected.items():
         loaded = got[key]
-        assert _local(loaded).dtype == _local(value).dtype, (
-            f"rank {rank}, {key}: came back as {_local(loaded).dtype}, saved as "
-            f"{_local(value).dtype}"
+        assert local_part(loaded).dtype == local_part(value).dtype, (
+            f"rank {rank}, {key}: came back as {local_part(loaded).dtype}, saved as "
+            f"{local_part(value).dtype}"
         )
         assert torch.equal(_bits(loaded), _bits(value)), (
-            f"rank {rank}, {key} ({_local(value).dtype}): came back as "
-            f"{_local(loaded).flatten()[:4].float().tolist()}..., saved "
-            f"{_local(value).flatten()[:4].float().tolist()}..."
+            f"rank {rank}, {key} ({local_part(value).dtype}): came back as "
+            f"{local_part(loaded).flatten()[:4].float().tolist()}..., saved "
+            f"{local_part(value).flatten()[:4].float().tolist()}..."
         )
 
 
@@ -209,7 +205,7 @@ def _torch_save_round_trip(world: Any, state: dict[str, Any], where: Path) -> No
     loaded = torch.load(file, weights_only=True)
     _assert_bitwise(world.rank, loaded, state)
     for key, value in state.items():
-        held, saved = (_local(v).untyped_storage().nbytes() for v in (loaded[key], value))
+        held, saved = (local_part(v).untyped_storage().nbytes() for v in (loaded[key], value))
         assert held == saved, (
             f"rank {world.rank}, {key}: read back with a storage of {held} bytes, saved with "
             f"one of {saved}"

@@ -42,7 +42,6 @@ from hypothesis import strategies as st
 
 import reference_impl as ri
 from conformance._upstream import (
-    dtensor,
     dtensor_placements,
     fsdp,
     fully_shard_on,
@@ -58,6 +57,7 @@ from conformance.compare import (
     TensorSpec,
     assert_trees_identical,
     full_tensor,
+    local_part,
     placements_for,
     tree_specs,
     world_meshes,
@@ -153,7 +153,7 @@ def test_create_cpu_state_dict_matches_the_oracle_and_shares_no_storage(world):
     build, _, meshes = setup(world)
 
     def storages(tree: Any) -> set[int]:
-        locals_ = [t.to_local() if isinstance(t, dtensor.DTensor) else t for t in tensors_of(tree)]
+        locals_ = [local_part(t) for t in tensors_of(tree)]
         return {t.untyped_storage().data_ptr() for t in locals_ if t.numel() and t.dim()}
 
     def check(spec: dict[str, Any]) -> None:
@@ -181,7 +181,7 @@ def test_create_cpu_state_dict_in_shared_memory(world):
             ri.create_cpu_state_dict(source, share_memory=True),
         ):
             for tensor in tensors_of(result):
-                local = tensor.to_local() if isinstance(tensor, dtensor.DTensor) else tensor
+                local = local_part(tensor)
                 assert local.dim() == 0 or local.is_shared()
 
     spmd_property(world.device, tree_specs(meshes, with_dtensors=False), check, examples=10)

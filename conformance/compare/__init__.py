@@ -9,6 +9,7 @@ from conformance.compare._compare import (
     assert_state_dict_equal,
     assert_trees_identical,
     local_copy,
+    local_part,
     local_tensors_by_path,
     memory_shared_with,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "holds",
     "holds_a_part",
     "local_copy",
+    "local_part",
     "local_tensors_by_path",
     "measure",
     "memory_shared_with",

@@ -115,6 +115,11 @@ def _leaves(tree: Any, path: str = "") -> list[tuple[str, Any]]:
     return [(path.lstrip("."), tree)]
 
 
+def local_part(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor on this rank; a plain tensor itself."""
+    return value.to_local() if isinstance(value, dtensor.DTensor) else value
+
+
 def _local_tensors(value: Any) -> list[torch.Tensor]:
     """The tensors a state value holds on this rank (none for non-tensors)."""
     if isinstance(value, sharded_tensor.ShardedTensor):
