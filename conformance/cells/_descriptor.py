@@ -25,8 +25,10 @@ Family = Literal["ddp", "fsdp1", "fsdp2", "tp", "2-D", "pp", "ep"]
 #   golden:  writes and reads the golden DCP checkpoints of every release (one per family);
 #   staging: its tensors are a kind that async staging copies (plain tensors, DTensors on 1-D
 #            and 2-D meshes, FSDP1's flat and hybrid ShardedTensors);
-#   zoo:     trains every model of the zoo (conformance/checks/test_model_matrix.py).
-Role = Literal["golden", "staging", "zoo"]
+#   zoo:     trains every model of the zoo (conformance/checks/test_model_matrix.py);
+#   precision: trains under its mixed-precision policy (conformance/checks/test_mixed_precision.py):
+#            a strategy, layout or mesh of each family whose wrapper takes one (``wrap_in``).
+Role = Literal["golden", "staging", "zoo", "precision"]
 # The checks that load what a cell saved into another cell (``Partner.checks``):
 #   dcp, resume, async, zoo: saved at 4 ranks, loaded at ``size`` ranks, by test_dcp_round_trips,
 #            test_resuming_commutes_with_training, test_async_saves and test_model_matrix;
@@ -104,6 +106,8 @@ class Parallelism:
             raise ValueError(f"{self.name}: family {self.family!r} is not one of {Family}")
         if unknown := set(self.roles) - set(get_args(Role)):
             raise ValueError(f"{self.name}: roles {sorted(unknown)} are not of {Role}")
+        if "precision" in self.roles and self.wrap_in is None:
+            raise ValueError(f"{self.name}: the precision role needs a policy (wrap_in)")
 
     def in_precision(self, precision: Precision) -> Parallelism:
         """This cell computing in ``precision``: a cell of its own, in no role and with no

@@ -75,7 +75,7 @@ def _declared() -> list[Parallelism]:
             (1, 2, 4),
             family="fsdp2",
             fsdp2=True,
-            roles=frozenset({"golden", "staging", "zoo"}),
+            roles=frozenset({"golden", "staging", "zoo", "precision"}),
             wrap_in=lambda precision: wrap_fsdp2(True, precision=precision),
             partners=(
                 Partner("fsdp2", 4, ("async",)),
@@ -97,7 +97,8 @@ def _declared() -> list[Parallelism]:
             (2, 4),
             family="fsdp2",
             fsdp2=True,
-            roles=frozenset({"zoo"}),
+            roles=frozenset({"zoo", "precision"}),
+            wrap_in=lambda precision: wrap_fsdp2(False, precision=precision),
         ),
         Parallelism(
             "hsdp2",
@@ -105,7 +106,8 @@ def _declared() -> list[Parallelism]:
             (4,),
             family="fsdp2",
             fsdp2=True,
-            roles=frozenset({"zoo"}),
+            roles=frozenset({"zoo", "precision"}),
+            wrap_in=lambda precision: wrap_fsdp2(True, hybrid=True, precision=precision),
             partners=(Partner("ddp", 2, ("zoo",)),),
         ),
         Parallelism(
@@ -167,14 +169,21 @@ _FSDP1_PARTNERS: dict[str, tuple[Partner, ...]] = {
     "fsdp1_no_shard_flat": (Partner("fsdp1_full_shard_orig_nested", None, ("fsdp1",)),),
     "fsdp1_hybrid_shard_orig": (Partner("fsdp1_full_shard_flat_nested", None, ("fsdp1",)),),
 }
+# Mixed precision runs under every strategy, once with original parameters wrapped whole and
+# once with flat parameters wrapped per unit.
 _FSDP1_ROLES: dict[str, frozenset[Role]] = {
-    "fsdp1_full_shard_orig": frozenset({"golden"}),
+    "fsdp1_full_shard_orig": frozenset({"golden", "precision"}),
     "fsdp1_full_shard_flat": frozenset({"staging"}),
-    "fsdp1_hybrid_shard_orig": frozenset({"staging"}),
+    "fsdp1_hybrid_shard_orig": frozenset({"staging", "precision"}),
     "fsdp1_full_shard_orig_nested": frozenset({"zoo"}),
-    "fsdp1_full_shard_flat_nested": frozenset({"zoo"}),
+    "fsdp1_full_shard_flat_nested": frozenset({"zoo", "precision"}),
     "fsdp1_shard_grad_op_flat": frozenset({"zoo"}),
     "fsdp1_hybrid_shard_orig_nested": frozenset({"zoo"}),
+    "fsdp1_shard_grad_op_orig": frozenset({"precision"}),
+    "fsdp1_shard_grad_op_flat_nested": frozenset({"precision"}),
+    "fsdp1_no_shard_orig": frozenset({"precision"}),
+    "fsdp1_no_shard_flat_nested": frozenset({"precision"}),
+    "fsdp1_hybrid_shard_flat_nested": frozenset({"precision"}),
 }
 
 

@@ -3,14 +3,15 @@ process in the same precision.
 
 FSDP1's ``MixedPrecision`` and FSDP2's ``MixedPrecisionPolicy`` compute in bf16 and keep the
 sharded parameters in fp32; gradients are reduced in fp32 or in bf16 (``PRECISIONS``). The
-golden cell of each family that has such a policy (``Parallelism.in_precision``) trains the
-MLP with Adam at its first size and at 4:
+cells in the ``precision`` role (``Parallelism.in_precision``) train the MLP with Adam at
+their first size and at 4: FSDP1 under each sharding strategy (original parameters wrapped
+whole, flat ones wrapped per unit), FSDP2 resharding after forward or not, and HSDP:
 
-- its sharded and full state dicts hold every value in fp32, and its full state equals one
-  process that computes as the policy does (``conformance.models.mixed_precision``), bit
-  for bit;
+- each cell's sharded and full state dicts hold every value in fp32, and its full state
+  equals one process that computes as the policy does
+  (``conformance.models.mixed_precision``), bit for bit;
 - saved through DCP after ``SAVED_AFTER`` steps and loaded into fresh objects of the same
-  policy, it trains ``MORE_STEPS`` more to that process's state after all of them. The
+  policy, the cell trains ``MORE_STEPS`` more to that process's state after all of them. The
   optimizer state is saved flattened: a nested one meets
   ``load-planner-drops-sharded-tensors-without-local-shards`` on FSDP1 at 4 ranks, which the
   DCP checks judge.
@@ -44,7 +45,7 @@ from conformance.models.optimizers import adam
 from conformance.models.zoo import model_of
 from conformance.training import assert_state_is, load_checkpoint, save_checkpoint, tree_leaves
 
-CELLS = [name for name in with_role("golden") if PARALLELISMS[name].wrap_in is not None]
+CELLS = with_role("precision")
 SAVED_AFTER = 2
 MORE_STEPS = 1
 
@@ -62,6 +63,16 @@ def _trained(cell: Parallelism, world: Any, steps: int, start: int = 0) -> tuple
     return model, optimizer
 
 
+def _narrower_than_fp32(state: Any) -> dict[str, torch.dtype]:
+    return {
+        path: value.dtype
+        for path, value in tree_leaves(state).items()
+        if isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.dtype != torch.float32
+    }
+
+
 def _assert_is_the_truth(model: Any, optimizer: Any, name: str, precision: str, steps: int):
     truth = mixed_precision_truth(
         steps, PRECISIONS[precision], "fsdp2" if PARALLELISMS[name].fsdp2 else "fsdp1", "cpu"
@@ -75,16 +86,11 @@ def _assert_is_the_truth(model: Any, optimizer: Any, name: str, precision: str, 
 @pytest.mark.parametrize("name", CELLS)
 def test_a_mixed_precision_state_dict_holds_the_fp32_masters(world, name, precision):
     model, optimizer = _trained(_cell(name, precision, world), world, SAVED_AFTER)
-    for options in (None, full_options()):
-        state = dsd.get_state_dict(model, optimizer, options=options)
-        low = {
-            path: value.dtype
-            for path, value in tree_leaves(state).items()
-            if isinstance(value, torch.Tensor)
-            and value.is_floating_point()
-            and value.dtype != torch.float32
-        }
-        assert not low, f"rank {world.rank}: the state dict ({options}) holds {low}"
+    low = {
+        kind: _narrower_than_fp32(dsd.get_state_dict(model, optimizer, options=options))
+        for kind, options in (("sharded", None), ("full", full_options()))
+    }
+    assert not any(low.values()), f"rank {world.rank}: the state dicts hold {low}"
     _assert_is_the_truth(model, optimizer, name, precision, SAVED_AFTER)
 
 
