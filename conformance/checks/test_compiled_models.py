@@ -8,8 +8,9 @@ golden cell of each family that trains the MLP, at its first size. Compilation u
 eager backend, which traces as any backend does and runs on every CPU build.
 ``test_model_matrix.py`` judges the same variants on the zoo's cells against the oracle.
 
-- **Canonical and the identity.** ``get_state_dict`` gives the single-process keys (no
-  ``_orig_mod.``); setting what it gave and getting again gives it back, bit for bit.
+- **Canonical and the identity.** ``get_state_dict`` gives the single-process names (no
+  ``_orig_mod.``): the model's keys, the optimizer state's keys and each param group's
+  parameters; setting what it gave and getting again gives it back, bit for bit.
 - **Three generations.** A step, a DCP save; then three times: fresh compiled objects load
   the last checkpoint, train a step and save. The last generation's full state equals one
   process's after four steps (TP cells within their tolerances).
@@ -34,7 +35,7 @@ from conformance.cells import (
     first_size_only,
     with_role,
 )
-from conformance.compare import assert_state_dict_equal, assert_trees_identical, held_part
+from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models.common import train
 from conformance.models.zoo import MODELS
 from conformance.training import (
@@ -67,6 +68,18 @@ def _step(model: torch.nn.Module, optimizer: Any, model_id: str, at: int) -> Non
     train(model, optimizer, 1, start=at, inputs=MODELS[model_id].inputs)
 
 
+def _names(
+    model_state: dict[str, Any], optimizer_state: dict[str, Any], param_groups: list[Any]
+) -> dict[str, list[Any]]:
+    """The names state dicts give: the model's keys, the optimizer state's keys and each
+    param group's parameters."""
+    return {
+        "model": sorted(model_state),
+        "optimizer state": sorted(optimizer_state),
+        "param groups": [sorted(group["params"]) for group in param_groups],
+    }
+
+
 @pytest.mark.world(2, 4, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
@@ -75,12 +88,13 @@ def test_a_compiled_models_state_dict_is_canonical_and_set_then_get_gives_it_bac
 ):
     model, optimizer = _fresh(world, cell, model_id)
     _step(model, optimizer, model_id, 0)
-    truth = MODELS[model_id].ground_truth(1, world.device)
+    truth = MODELS[model_id].ground_truth(1, world.device).held_by(model)
     got = copy.deepcopy(dsd.get_state_dict(model, optimizer))
-    expected_keys = sorted(held_part(truth.model, model))
-    assert sorted(got[0]) == expected_keys, (
-        f"rank {world.rank}: the compiled model's state dict keys are {sorted(got[0])}, "
-        f"one process's are {expected_keys}"
+    names = _names(got[0], got[1]["state"], got[1]["param_groups"])
+    expected = _names(truth.model, truth.optimizer_state, truth.param_groups)
+    assert names == expected, (
+        f"rank {world.rank}: the compiled objects' state dicts name {names}, "
+        f"one process's {expected}"
     )
     given = copy.deepcopy(got)  # a load may rename its input's keys (load-renames-the-callers-keys)
     dsd.set_state_dict(model, optimizer, model_state_dict=given[0], optim_state_dict=given[1])

@@ -51,6 +51,18 @@ def _fqns_keeping(prefix_flag: str) -> Callable[[Fn], Fn]:
     return mutate
 
 
+def _compile_prefix_stripped_at_the_top_only(original: Fn) -> Fn:
+    def fqns(model: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        names = ("dsd_fqn_modifiers", "skip_ddp_prefix", "skip_compiler_prefix")
+        call = dict(zip(names, args, strict=False)) | kwargs
+        kept = original(model, name, **{**call, "skip_compiler_prefix": False})
+        if not call.get("skip_compiler_prefix", True):
+            return kept
+        return {fqn.removeprefix("_orig_mod.") for fqn in kept}
+
+    return fqns
+
+
 def _frozen_params_kept(original: Fn) -> Fn:
     def get(model: Any, info: Any) -> Any:
         with _changed(info, ignore_frozen_params=False):
@@ -287,6 +299,39 @@ def _renumbered_by_local_position(original: Fn) -> Fn:
     return get
 
 
+def _groups_keep_compile_prefix(original: Fn) -> Fn:
+    """FSDP's optimizer state keeps ``_orig_mod.`` in its param groups' parameters (nested)
+    or in its ``param_groups.`` keys (flattened); its state's keys lose it as before."""
+
+    def get(model: Any, optimizers: Any, info: Any) -> Any:
+        result = original(model, optimizers, info)
+        if not info.fsdp_modules or not result:
+            return result
+        from torch.distributed.checkpoint import state_dict as upstream
+
+        compiled = {
+            name.replace("_orig_mod.", ""): name
+            for key, _ in model.named_parameters()
+            for name in upstream._get_fqns(model, key, skip_compiler_prefix=False)
+            if "_orig_mod." in name
+        }
+        if "param_groups" in result:
+            for group in result["param_groups"]:
+                group["params"] = [compiled.get(name, name) for name in group["params"]]
+            return result
+        return {_with_compiled_group_key(key, compiled): value for key, value in result.items()}
+
+    return get
+
+
+def _with_compiled_group_key(key: str, compiled: dict[str, str]) -> str:
+    """A flattened ``param_groups.<fqn>.<hyper-parameter>`` key with ``fqn`` renamed."""
+    if not key.startswith("param_groups."):
+        return key
+    fqn, _, entry = key.removeprefix("param_groups.").rpartition(".")
+    return f"param_groups.{compiled.get(fqn, fqn)}.{entry}"
+
+
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
@@ -301,6 +346,18 @@ MUTANTS = [
         "_get_fqns",
         "the `_orig_mod.` prefix of torch.compile is not stripped from FQNs",
         _fqns_keeping("skip_compiler_prefix"),
+        MODELS,
+    ),
+    _mutant(
+        "compile_prefix_stripped_at_the_top_only",
+        "_get_fqns",
+        "`_orig_mod.` is stripped where the whole model was compiled but kept where its blocks "
+        "were compiled before wrapping (`fc1._orig_mod.weight`), which only a model compiled "
+        "block by block shows",
+        _compile_prefix_stripped_at_the_top_only,
+        "conformance/checks/test_compiled_models.py::"
+        "test_a_compiled_models_state_dict_is_canonical_and_set_then_get_gives_it_back"
+        "[w2-mlp_compiled_blocks-fsdp2]",
         MODELS,
     ),
     _mutant(
@@ -442,5 +499,17 @@ MUTANTS = [
         "_load_model_state_dict",
         "strict loading raises on missing keys but accepts unexpected ones",
         _strict_ignores_unexpected,
+    ),
+    _mutant(
+        "optimizer_groups_keep_compile_prefix",
+        "_get_optim_state_dict",
+        "FSDP1's optimizer state dict strips torch.compile's `_orig_mod.` from its state's keys "
+        "but not from its param groups' parameters: a load of it still finds every parameter, "
+        "only the names differ from one process's, which only a compiled model shows",
+        _groups_keep_compile_prefix,
+        "conformance/checks/test_compiled_models.py::"
+        "test_a_compiled_models_state_dict_is_canonical_and_set_then_get_gives_it_back"
+        "[w2-mlp_compiled_blocks-fsdp1_full_shard_orig]",
+        MODELS,
     ),
 ]
