@@ -155,12 +155,28 @@ dcp = TorchModule(
         "FileSystemWriter",
         "FileSystemReader",
         "DefaultLoadPlanner",
+        "DefaultSavePlanner",
         "HuggingFaceStorageWriter",
         "HuggingFaceStorageReader",
         "QuantizedHuggingFaceStorageReader",
         "CheckpointException",
     ),
 )
+# DCP's experimental checkpointer, judged on what its docstrings promise.
+dcp_experimental = TorchModule(
+    "torch.distributed.checkpoint._experimental",
+    (
+        "make_sync_checkpointer",
+        "make_async_checkpointer",
+        "SyncCheckpointer",
+        "AsyncCheckpointer",
+        "CheckpointerConfig",
+        "BarrierConfig",
+        "CheckpointStagerConfig",
+        "DefaultStager",
+    ),
+)
+dcp_filesystem = TorchModule("torch.distributed.checkpoint.filesystem", ("CURRENT_DCP_VERSION",))
 # DCP's writer and reader of fsspec's stores (object stores, memory, file URLs).
 dcp_fsspec = TorchModule(
     "torch.distributed.checkpoint._fsspec_filesystem", ("FsspecWriter", "FsspecReader")

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from ci.mutation.mutants import (
     checkpoint_async,
+    checkpoint_experimental,
     checkpoint_files,
     checkpoint_formats,
     checkpoint_planning,
@@ -104,6 +105,7 @@ def catalogue() -> dict[str, Mutant]:
         checkpoint_planning,
         checkpoint_formats,
         checkpoint_files,
+        checkpoint_experimental,
         run_state,
     ):
         for mutant in module.MUTANTS:

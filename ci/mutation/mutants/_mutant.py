@@ -36,6 +36,8 @@ QUANTIZED_HF_STORAGE = "torch.distributed.checkpoint.quantized_hf_storage"
 # to a store that fails; its fsspec storage, for stores besides a local folder.
 FILESYSTEM = "torch.distributed.checkpoint.filesystem"
 FSSPEC = "torch.distributed.checkpoint._fsspec_filesystem"
+# DCP's experimental checkpointer: its reader of each rank's file.
+EXPERIMENTAL_READER = "torch.distributed.checkpoint._experimental.checkpoint_reader"
 # What a run keeps beside its model and optimizer: schedules, the loss scaler, and the
 # position of torchdata's StatefulDataLoader (its batch sampler).
 LR_SCHEDULER = "torch.optim.lr_scheduler"
@@ -52,6 +54,7 @@ UPSTREAM_MODULES = (
     QUANTIZED_HF_STORAGE,
     FILESYSTEM,
     FSSPEC,
+    EXPERIMENTAL_READER,
     *RUN_STATE_MODULES,
 )
 

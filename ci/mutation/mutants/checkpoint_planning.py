@@ -16,6 +16,7 @@ from ci.mutation.mutants._mutant import DEFAULT_PLANNER, PLANNER_HELPERS, mutant
 Fn = Callable[..., Any]
 PLACEMENTS = "conformance/checks/test_dcp_placements.py"
 APP_STATE = "conformance/checks/test_app_state_loads.py"
+SAVE_PLANS = "conformance/checks/test_save_plans.py"
 
 
 def _as_a_matrix(chunk: ChunkStorageMetadata) -> ChunkStorageMetadata:
@@ -59,6 +60,20 @@ def _stops_at_the_first_missing_key(original: Fn) -> Fn:
     return create
 
 
+def _changed_plans_merged_away(original: Fn) -> Fn:
+    def merge(cached_plans: list[Any], delta_plans: list[Any]) -> list[Any]:
+        return list(cached_plans)
+
+    return merge
+
+
+def _not_deduplicated(original: Fn) -> Fn:
+    def dedup(all_plans: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        return all_plans
+
+    return dedup
+
+
 MUTANTS = [
     mutant_maker(DEFAULT_PLANNER, APP_STATE)(
         "partial_load_stops_at_the_first_missing_key",
@@ -74,5 +89,21 @@ MUTANTS = [
         "a planner written for matrices would: a rank whose piece of a 3-D tensor starts past "
         "0 on its third dimension reads the piece that starts at 0",
         _reads_matrices_only,
+    ),
+    mutant_maker(DEFAULT_PLANNER, SAVE_PLANS)(
+        "plan_caching_keeps_the_cached_plans",
+        "_merge_delta_local_plans",
+        "with plan caching on, a save whose plans changed on some ranks merges the cached "
+        "plans with the changed ones by keeping the cached plans: a rank's new or resized "
+        "tensor is planned as it was before",
+        _changed_plans_merged_away,
+    ),
+    mutant_maker(DEFAULT_PLANNER, SAVE_PLANS)(
+        "replicated_pieces_written_by_every_rank",
+        "dedup_save_plans",
+        "the global save plan keeps every rank's write of a piece that several ranks hold: "
+        "each is written once per rank, the files grow with the world, and every load still "
+        "reads the right values",
+        _not_deduplicated,
     ),
 ]
