@@ -176,6 +176,7 @@ dcp_experimental = TorchModule(
         "DefaultStager",
     ),
 )
+dcp_metadata = TorchModule("torch.distributed.checkpoint.metadata", ("MetadataIndex",))
 dcp_filesystem = TorchModule("torch.distributed.checkpoint.filesystem", ("CURRENT_DCP_VERSION",))
 # DCP's writer and reader of fsspec's stores (object stores, memory, file URLs).
 dcp_fsspec = TorchModule(

@@ -23,13 +23,24 @@ unpinned: a 0-dim one in ``_create_cpu_state_dict``, and a storage under 5 bytes
 A stager kept across saves stages again after a training step. It must land in the very
 buffers of its first staging, now holding the new values. The checks run on the cells that
 stage each kind of tensor, at their smallest world size above one and at 4.
+
+Each ``DefaultStager`` choice also stages, on one rank, what a state may hold beside a
+training state: views of one tensor (a reshape, a row, a column slice), a tensor carrying
+Python attributes, and dataclasses (nested, and frozen) holding tensors, strings and
+lists. The copy must equal the state; its views must be views of one staged storage, at
+their offsets, so that a write to the staged base shows in each; its tensors keep their
+attributes; its dataclasses are of their classes; and nothing of it changes when the state
+does.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import torch
 
 import reference_impl
 from conformance.cells import PARALLELISMS, with_role
@@ -47,6 +58,29 @@ from conformance.training import (
 
 RECIPE = "adamw_step_lr"
 WITH_A_STAGER = [name for name in STAGINGS if name != "default"]
+DEFAULT_STAGERS = [
+    name for name in STAGINGS if STAGINGS[name].options and not STAGINGS[name].cached
+]
+
+
+@dataclass
+class _Inner:
+    weights: torch.Tensor
+    names: list[str]
+
+
+@dataclass
+class _Outer:
+    inner: _Inner
+    scale: torch.Tensor
+    label: str = "outer"
+    steps: list[int] = field(default_factory=lambda: [1, 2, 3])
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    tensor: torch.Tensor
+    name: str
 
 
 def _oracle_staging(state: dict[str, Any], pinned: bool, shared: bool) -> Any:
@@ -98,3 +132,77 @@ def test_staging_copies_like_the_oracle_into_memory_of_its_own(world, cell, stag
         assert not moved, f"the kept stager staged into new memory at {moved}"
     finally:
         stagers.close()
+
+
+def _beside_a_training_state() -> dict[str, Any]:
+    base = torch.arange(12.0).reshape(3, 4)
+    tagged = torch.linspace(0, 1, 5)
+    tagged.a = 42  # type: ignore[attr-defined]
+    tagged.note = "kept"  # type: ignore[attr-defined]
+    return {
+        "base": base,
+        "reshaped": base.view(12),
+        "row": base[1],
+        "columns": base[:, 1:3],
+        "tagged": tagged,
+        "nested": _Outer(_Inner(torch.ones(2, 2), ["a", "b"]), torch.tensor([0.5])),
+        "frozen": _Frozen(torch.full((3,), 2.0), "frozen"),
+    }
+
+
+@pytest.mark.world(1)
+@pytest.mark.parametrize("staging", DEFAULT_STAGERS)
+def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
+    choice = STAGINGS[staging]
+    choice.skip_unless_available()
+    state = _beside_a_training_state()
+    stager = choice.make_stager()
+    try:
+        staged = stager.stage(state)
+        staged = staged.result() if isinstance(staged, Future) else staged
+    finally:
+        stager.close()
+    expected = _beside_a_training_state()
+    _assert_same_values(staged, expected)
+    base = staged["base"]
+    for name in ("reshaped", "row", "columns"):
+        view = staged[name]
+        assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), (
+            f"{staging}: the staged {name} is not a view of the staged base"
+        )
+        assert view.storage_offset() == state[name].storage_offset(), (
+            f"{staging}: the staged {name} starts at {view.storage_offset()}, "
+            f"the state's at {state[name].storage_offset()}"
+        )
+    assert (staged["tagged"].a, staged["tagged"].note) == (42, "kept"), (
+        f"{staging}: the staged tensor's attributes are {vars(staged['tagged'])}"
+    )
+    changed = (
+        state["base"],
+        state["tagged"],
+        state["nested"].inner.weights,
+        state["frozen"].tensor,
+    )
+    for tensor in changed:
+        tensor.add_(100)
+    _assert_same_values(staged, expected)
+    base.fill_(7.0)
+    for name in ("reshaped", "row", "columns"):
+        assert bool((staged[name] == 7.0).all()), (
+            f"{staging}: a write to the staged base is not seen in {name}"
+        )
+
+
+def _assert_same_values(staged: Any, expected: Any, path: str = "<root>") -> None:
+    assert type(staged) is type(expected), f"{path}: staged as {type(staged).__name__}"
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(staged, expected), f"{path}: staged {staged}, expected {expected}"
+    elif isinstance(expected, dict):
+        assert list(staged) == list(expected), f"{path}: staged keys {list(staged)}"
+        for key, value in expected.items():
+            _assert_same_values(staged[key], value, f"{path}.{key}")
+    elif hasattr(expected, "__dataclass_fields__"):
+        for name in expected.__dataclass_fields__:
+            _assert_same_values(getattr(staged, name), getattr(expected, name), f"{path}.{name}")
+    else:
+        assert staged == expected, f"{path}: staged {staged!r}, expected {expected!r}"

@@ -27,6 +27,9 @@ process, and a persistent rank process runs many tests.
 - a tensor's chunks lie within it, do not overlap and cover it;
 - each chunk is stored once: the data files hold exactly the bytes ``storage_data`` points at,
   so a value every rank holds (DDP's parameters) is not written by every rank;
+- each chunk's place is found by a ``MetadataIndex`` made anew with a list offset and a
+  wrong index hint (equality and hashing take the offset as a ``torch.Size`` and ignore
+  the hint);
 - the ``version`` a load's planner reads (loading the model's part back) is the writer's
   ``CURRENT_DCP_VERSION``;
 - ``storage_meta`` names the checkpoint, the coordinator writer's ``save_id`` and the
@@ -44,7 +47,7 @@ from typing import Any
 import pytest
 import torch
 
-from conformance._upstream import dcp, dcp_filesystem
+from conformance._upstream import dcp, dcp_filesystem, dcp_metadata
 from conformance.cells import PARALLELISMS, exists_at_size, first_size_and_four, with_role
 from conformance.compare import every_rank
 from conformance.models.common import train
@@ -240,6 +243,14 @@ def _assert_each_piece_stored_once(path: Path, metadata: Any) -> None:
     assert stored == chunks, (
         f"chunks without a stored place, or places of no chunk: {stored ^ chunks}"
     )
+    for key, offsets in chunks:
+        # Found by a key of a list offset and a wrong hint: equality and hashing take the
+        # offset as a torch.Size and ignore the hint.
+        looked_up = dcp_metadata.MetadataIndex(key, list(offsets), index=len(chunks) + 1)
+        assert looked_up in metadata.storage_data, (
+            f"{key} at {offsets}: MetadataIndex({key!r}, {list(offsets)}, index=...) finds no "
+            "stored place"
+        )
     referenced = sum(info.length for info in metadata.storage_data.values())
     written = sum(file.stat().st_size for file in path.glob("*.distcp"))
     assert written == referenced, (
