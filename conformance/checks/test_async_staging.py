@@ -24,11 +24,12 @@ A stager kept across saves stages again after a training step. It must land in t
 buffers of its first staging, now holding the new values. The checks run on the cells that
 stage each kind of tensor, at their smallest world size above one and at 4.
 
-Each ``DefaultStager`` choice also stages, on one rank, what a state may hold beside a
-training state: views of one tensor (a reshape, a row, a column slice), a tensor carrying
-Python attributes, and dataclasses (nested, and frozen) holding tensors, strings and
-lists. The copy must equal the state; its views must be views of one staged storage, at
-their offsets, so that a write to the staged base shows in each; its tensors keep their
+Each ``DefaultStager`` choice also stages, on one rank's device, what a state may hold beside
+a training state: views of one tensor (a flattening, a view of it, a reshape to the same
+shape, a row, a column slice), tensors carrying Python attributes (one with views, one
+nested), and dataclasses (nested, and frozen) holding tensors, strings and lists. The copy
+must equal the state, on the CPU; its views must be views of one staged storage, at their
+offsets, so that a write to the staged base shows in each; its tensors keep their
 attributes; its dataclasses are of their classes; and nothing of it changes when the state
 does.
 """
@@ -134,20 +135,28 @@ def test_staging_copies_like_the_oracle_into_memory_of_its_own(world, cell, stag
         stagers.close()
 
 
-def _beside_a_training_state() -> dict[str, Any]:
-    base = torch.arange(12.0).reshape(3, 4)
-    tagged = torch.linspace(0, 1, 5)
-    tagged.a = 42  # type: ignore[attr-defined]
-    tagged.note = "kept"  # type: ignore[attr-defined]
+def _beside_a_training_state(device: torch.device) -> dict[str, Any]:
+    """Views of one tensor, tensors carrying attributes (one of them viewed, one nested) and
+    dataclasses, on ``device``."""
+    base = torch.arange(100.0, device=device).reshape(10, 10)
+    base.a = 42  # type: ignore[attr-defined]
+    flat = base.view(100)
+    nested = torch.linspace(0, 1, 5, device=device)
+    nested.note = "kept"  # type: ignore[attr-defined]
     return {
         "base": base,
-        "reshaped": base.view(12),
+        "flat": flat,
+        "flat_part": flat[10:60],
+        "same_shape": base.view(10, 10),
         "row": base[1],
         "columns": base[:, 1:3],
-        "tagged": tagged,
-        "nested": _Outer(_Inner(torch.ones(2, 2), ["a", "b"]), torch.tensor([0.5])),
-        "frozen": _Frozen(torch.full((3,), 2.0), "frozen"),
+        "deeper": {"tagged": nested},
+        "nested": _Outer(_Inner(torch.ones(2, 2, device=device), ["a", "b"]), torch.tensor([0.5])),
+        "frozen": _Frozen(torch.full((3,), 2.0, device=device), "frozen"),
     }
+
+
+VIEWS = ("flat", "flat_part", "same_shape", "row", "columns")
 
 
 @pytest.mark.world(1)
@@ -155,17 +164,17 @@ def _beside_a_training_state() -> dict[str, Any]:
 def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
     choice = STAGINGS[staging]
     choice.skip_unless_available()
-    state = _beside_a_training_state()
+    state = _beside_a_training_state(world.device)
     stager = choice.make_stager()
     try:
         staged = stager.stage(state)
         staged = staged.result() if isinstance(staged, Future) else staged
     finally:
         stager.close()
-    expected = _beside_a_training_state()
+    expected = _beside_a_training_state(torch.device("cpu"))
     _assert_same_values(staged, expected)
     base = staged["base"]
-    for name in ("reshaped", "row", "columns"):
+    for name in VIEWS:
         view = staged[name]
         assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), (
             f"{staging}: the staged {name} is not a view of the staged base"
@@ -174,28 +183,24 @@ def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
             f"{staging}: the staged {name} starts at {view.storage_offset()}, "
             f"the state's at {state[name].storage_offset()}"
         )
-    assert (staged["tagged"].a, staged["tagged"].note) == (42, "kept"), (
-        f"{staging}: the staged tensor's attributes are {vars(staged['tagged'])}"
-    )
-    changed = (
-        state["base"],
-        state["tagged"],
-        state["nested"].inner.weights,
-        state["frozen"].tensor,
-    )
-    for tensor in changed:
+    attributes = (base.a, staged["deeper"]["tagged"].note)
+    assert attributes == (42, "kept"), f"{staging}: the staged tensors' attributes: {attributes}"
+    changed = (state["base"], state["deeper"]["tagged"], state["nested"].inner.weights)
+    for tensor in (*changed, state["frozen"].tensor):
         tensor.add_(100)
     _assert_same_values(staged, expected)
     base.fill_(7.0)
-    for name in ("reshaped", "row", "columns"):
+    for name in VIEWS:
         assert bool((staged[name] == 7.0).all()), (
             f"{staging}: a write to the staged base is not seen in {name}"
         )
 
 
 def _assert_same_values(staged: Any, expected: Any, path: str = "<root>") -> None:
+    """``staged`` equals ``expected`` (on the CPU): the same types, keys, fields and values."""
     assert type(staged) is type(expected), f"{path}: staged as {type(staged).__name__}"
     if isinstance(expected, torch.Tensor):
+        assert staged.device.type == "cpu", f"{path}: staged on {staged.device}"
         assert torch.equal(staged, expected), f"{path}: staged {staged}, expected {expected}"
     elif isinstance(expected, dict):
         assert list(staged) == list(expected), f"{path}: staged keys {list(staged)}"

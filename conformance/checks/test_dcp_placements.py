@@ -9,8 +9,8 @@ filled with NaN (or -1), so that a piece the load leaves unread shows. The layou
 - a DTensor on a 1-D mesh as ``Replicate``, and as ``Shard`` on the first and on the last
   dimension;
 - a ShardedTensor chunked by rows (ranks past the rows hold no shard);
-- at 4 ranks, on a 2 x 2 mesh: ``(Shard(first), Shard(last))``, ``(Replicate, Shard(first))``
-  and ``(Shard(first), Shard(first))``;
+- at 4 ranks, on a 2 x 2 mesh: ``(Shard(first), Shard(last))``, ``(Replicate, Shard(first))``,
+  ``(Shard(first), Shard(first))``, ``(Replicate, Replicate)`` and ``(Shard(first), Replicate)``;
 - at 4 ranks, the ``(_StridedShard(first), Shard(first))`` of FSDP2 + TP, which orders the
   same rows the other way round.
 
@@ -81,6 +81,8 @@ LAYOUTS = {
         Layout("2d_shard_first_shard_last", 2, lambda n: (dtensor.Shard(0), _last(n))),
         Layout("2d_replicate_shard_first", 2, lambda n: (dtensor.Replicate(), dtensor.Shard(0))),
         Layout("2d_shard_first_twice", 2, lambda n: (dtensor.Shard(0), dtensor.Shard(0))),
+        Layout("2d_replicate_twice", 2, lambda n: (dtensor.Replicate(), dtensor.Replicate())),
+        Layout("2d_shard_first_replicate", 2, lambda n: (dtensor.Shard(0), dtensor.Replicate())),
         Layout(
             "2d_strided",
             2,

@@ -11,21 +11,22 @@ values differ, so a file read by the wrong rank shows.
 - **Synchronous** (``make_sync_checkpointer``, by default and given a config): a
   ``SyncCheckpointer`` whose save, given extra keyword arguments, writes the rank's file
   holding its state.
-- **Loads**, through either checkpointer. The whole file comes back, strictly and with
-  ``torch.load``'s own arguments, onto the rank's device and onto the CPU
-  (``default_map_location``). A template reads only its keys: ``None`` leaves filled,
-  given tensors written in place, nested dicts and lists, five dtypes kept. A strict load
-  of a template with keys the file lacks raises naming exactly those; a non-strict one
-  loads the rest. A checkpoint that is not there raises ``FileNotFoundError``.
+- **Loads**, through either checkpointer. The whole file comes back, strictly too, onto the
+  rank's device and onto the CPU (``default_map_location``); ``torch.load``'s own arguments
+  pass on (``weights_only=False`` reads a value of a class it does not know). A template
+  reads only its keys: ``None`` leaves filled, given tensors written in place, nested dicts
+  and lists, five dtypes kept. A strict load of a template with keys the file lacks raises
+  naming exactly those; a non-strict one loads the rest. A checkpoint that is not there
+  raises ``FileNotFoundError``.
 - **Asynchronous** (``make_async_checkpointer``), staging in line and in the background: an
   ``AsyncCheckpointer``. Its save returns a staging and a write future that both complete
   with ``None``. Once staged, changing the state changes nothing written. A child process
   of the rank writes. Three saves in a row each hold their own state. A write that cannot
   be made fails its write future with the child's ``RuntimeError``, naming the path.
-  Keyword arguments pass on to the stager and the writer, as ``save`` documents. A failed
-  write ends the writer process, and the check lets it end before closing: closing while
-  it ends raises ``ProcessExitedException`` at random (the process dies by the signal its
-  creating thread's exit sends).
+  Keyword arguments pass on to the stager and the writer, as ``save`` documents. On 2.13.0
+  a failed write ends the writer process, and the check gives it time to end before
+  closing: closing while it ends raises ``ProcessExitedException`` at random (the process
+  dies by the signal its creating thread's exit sends).
 - **The stager** (``_experimental.DefaultStager``): each option alone, all on and all off
   stage a copy equal to the state and independent of it, on the CPU (a tensor on the
   rank's device beside CPU ones), a future of one where staging is in the background; one
@@ -43,7 +44,7 @@ import os
 import re
 import time
 from concurrent.futures import Future
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ from conformance._upstream import dcp_experimental
 from conformance.compare import assert_trees_identical
 
 STAGER_OPTIONS = ("use_pinned_memory", "use_shared_memory", "use_async_staging")
-WRITER_EXIT_LIMIT_S = 30
+WRITER_EXIT_LIMIT_S = 10
 
 
 def _state(rank: int, version: int) -> dict[str, Any]:
@@ -113,7 +114,6 @@ def _judge_loads(world: Any, checkpointer: Any, path: Path, state: dict[str, Any
     ``torch.load``'s own arguments; on the rank's device and on the CPU; in part; and a
     refusal of what is not there."""
     assert_trees_identical(checkpointer.load(str(path), strict=True), state)
-    assert_trees_identical(checkpointer.load(str(path), weights_only=True), state)
     for device in (world.device, torch.device("cpu")):
         placed = checkpointer.load(str(path), default_map_location=device)
         assert {t.device.type for t in _tensors(placed)} == {device.type}, (
@@ -251,13 +251,14 @@ def test_the_async_checkpointer_writes_what_it_staged_in_order(world, staging):
 
 
 def _wait_for_the_end_of(pid: int) -> None:
-    """Wait until the child ``pid`` has ended, as the writer process does after a failed
-    write. Closing the checkpointer while it ends races: the process dies by the signal its
-    creating thread's exit sends (``PR_SET_PDEATHSIG``), and ``close`` raises
-    ``ProcessExitedException``."""
+    """Give the child ``pid`` up to ``WRITER_EXIT_LIMIT_S`` to end, as the writer process does
+    after a failed write on 2.13.0; a release that keeps it alive only waits. Closing the
+    checkpointer while it ends races: the process dies by the signal its creating thread's
+    exit sends (``PR_SET_PDEATHSIG``), and ``close`` raises ``ProcessExitedException``."""
     deadline = time.monotonic() + WRITER_EXIT_LIMIT_S
-    while any(child.pid == pid for child in multiprocessing.active_children()):
-        assert time.monotonic() < deadline, f"the writer process {pid} did not end"
+    while time.monotonic() < deadline and any(
+        child.pid == pid for child in multiprocessing.active_children()
+    ):
         time.sleep(0.05)
 
 
@@ -279,6 +280,27 @@ def test_the_async_checkpointer_passes_keyword_arguments_on(world):
 def _note_the_writers_process(where: str) -> None:
     """The writer process's initialiser: it notes its pid and its parent's."""
     Path(where).write_text(f"{os.getpid()} {os.getppid()}")
+
+
+@dataclass(frozen=True)
+class _Note:
+    """A value ``torch.load`` refuses under ``weights_only=True``: a class it does not know."""
+
+    text: str
+
+
+@pytest.mark.world(1)
+def test_the_experimental_reader_passes_torch_load_arguments_on(world):
+    """``CheckpointReader.read`` documents its keyword arguments as passed to ``torch.load``:
+    ``weights_only=False`` must read back a value of a class ``torch.load`` does not know."""
+    checkpointer = dcp_experimental.make_sync_checkpointer()
+    try:
+        state = {**_state(world.rank, 0), "note": _Note("kept")}
+        checkpointer.save(str(world.tmp_path / "v0"), state)
+        loaded = checkpointer.load(str(world.tmp_path / "v0"), weights_only=False)
+        assert loaded["note"] == _Note("kept"), f"read back {loaded['note']!r}"
+    finally:
+        checkpointer.close()
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
