@@ -172,7 +172,7 @@ def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
     finally:
         stager.close()
     expected = _beside_a_training_state(torch.device("cpu"))
-    _assert_same_values(staged, expected)
+    assert_trees_identical(staged, expected)
     base = staged["base"]
     for name in VIEWS:
         view = staged[name]
@@ -188,26 +188,9 @@ def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
     changed = (state["base"], state["deeper"]["tagged"], state["nested"].inner.weights)
     for tensor in (*changed, state["frozen"].tensor):
         tensor.add_(100)
-    _assert_same_values(staged, expected)
+    assert_trees_identical(staged, expected)
     base.fill_(7.0)
     for name in VIEWS:
         assert bool((staged[name] == 7.0).all()), (
             f"{staging}: a write to the staged base is not seen in {name}"
         )
-
-
-def _assert_same_values(staged: Any, expected: Any, path: str = "<root>") -> None:
-    """``staged`` equals ``expected`` (on the CPU): the same types, keys, fields and values."""
-    assert type(staged) is type(expected), f"{path}: staged as {type(staged).__name__}"
-    if isinstance(expected, torch.Tensor):
-        assert staged.device.type == "cpu", f"{path}: staged on {staged.device}"
-        assert torch.equal(staged, expected), f"{path}: staged {staged}, expected {expected}"
-    elif isinstance(expected, dict):
-        assert list(staged) == list(expected), f"{path}: staged keys {list(staged)}"
-        for key, value in expected.items():
-            _assert_same_values(staged[key], value, f"{path}.{key}")
-    elif hasattr(expected, "__dataclass_fields__"):
-        for name in expected.__dataclass_fields__:
-            _assert_same_values(getattr(staged, name), getattr(expected, name), f"{path}.{name}")
-    else:
-        assert staged == expected, f"{path}: staged {staged!r}, expected {expected!r}"

@@ -52,7 +52,7 @@ import pytest
 import torch
 
 from conformance._upstream import dcp_experimental
-from conformance.compare import assert_trees_identical
+from conformance.compare import assert_trees_identical, local_tensors_by_path
 
 STAGER_OPTIONS = ("use_pinned_memory", "use_shared_memory", "use_async_staging")
 WRITER_EXIT_LIMIT_S = 10
@@ -116,9 +116,9 @@ def _judge_loads(world: Any, checkpointer: Any, path: Path, state: dict[str, Any
     assert_trees_identical(checkpointer.load(str(path), strict=True), state)
     for device in (world.device, torch.device("cpu")):
         placed = checkpointer.load(str(path), default_map_location=device)
-        assert {t.device.type for t in _tensors(placed)} == {device.type}, (
+        assert {t.device.type for t in _tensors_of(placed)} == {device.type}, (
             f"rank {world.rank}: a load onto {device} placed tensors on "
-            f"{ {t.device for t in _tensors(placed)} }"
+            f"{ {t.device for t in _tensors_of(placed)} }"
         )
         assert_trees_identical(placed, _on(state, device))
     _judge_partial_load(checkpointer, path, state)
@@ -176,6 +176,10 @@ def _judge_strict_load(world: Any, checkpointer: Any, path: Path, state: dict[st
     )
 
 
+def _tensors_of(tree: Any) -> list[torch.Tensor]:
+    return [tensor for _, tensor in local_tensors_by_path(tree)]
+
+
 def _on(tree: Any, device: torch.device) -> Any:
     """``tree`` with each tensor moved to ``device``."""
     if isinstance(tree, torch.Tensor):
@@ -217,7 +221,7 @@ def test_the_async_checkpointer_writes_what_it_staged_in_order(world, staging):
         assert all(isinstance(future, Future) for future in futures), futures
         staged, written = futures
         assert staged.result() is None, f"rank {world.rank}: staging completed with {staged}"
-        for tensor in _tensors(state):
+        for tensor in _tensors_of(state):
             tensor.logical_not_() if tensor.dtype == torch.bool else tensor.add_(1)
         assert written.result() is None
         writer_pid, writer_parent = (int(n) for n in noted.read_text().split())
@@ -303,16 +307,6 @@ def test_the_experimental_reader_passes_torch_load_arguments_on(world):
         checkpointer.close()
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        tree = list(tree.values())
-    if isinstance(tree, list):
-        return [tensor for item in tree for tensor in _tensors(item)]
-    return []
-
-
 @pytest.mark.world(1)
 @pytest.mark.parametrize("option", [*STAGER_OPTIONS, "use_non_blocking_copy", "all_off", "all_on"])
 def test_the_experimental_stager_stages_independent_copies(world, option):
@@ -332,10 +326,10 @@ def test_the_experimental_stager_stages_independent_copies(world, option):
                 assert isinstance(result, Future), f"{option}: staging gave {type(result)}"
                 result = result.result()
             assert_trees_identical(result, expected)
-            for tensor in _tensors(state):
+            for tensor in _tensors_of(state):
                 tensor.zero_()
             assert_trees_identical(result, expected)
             if config.use_shared_memory:
-                assert all(t.is_shared() for t in _tensors(result)), f"{option}: not shared"
+                assert all(t.is_shared() for t in _tensors_of(result)), f"{option}: not shared"
     finally:
         stager.close()

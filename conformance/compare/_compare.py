@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Mapping
 from typing import Any
@@ -144,7 +145,8 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
     tensors of the same class, device, dtype, shape and values (NaN equals
     NaN); ShardedTensors with the same metadata and local shards; DTensors
     with the same mesh and placements and identical local tensors; BytesIO
-    with the same bytes; other leaves equal and of the same type.
+    with the same bytes; dataclasses field by field; other leaves equal and of
+    the same type.
     """
     same_kind = type(torch_result) is type(oracle_result) or (
         isinstance(torch_result, dict) and isinstance(oracle_result, dict)
@@ -188,6 +190,13 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
     elif isinstance(oracle_result, io.BytesIO):
         if torch_result.getvalue() != oracle_result.getvalue():
             raise AssertionError(f"{path}: BytesIO contents differ")
+    elif dataclasses.is_dataclass(oracle_result):
+        for field in dataclasses.fields(oracle_result):
+            assert_trees_identical(
+                getattr(torch_result, field.name),
+                getattr(oracle_result, field.name),
+                f"{path}.{field.name}",
+            )
     elif torch_result != oracle_result:
         raise AssertionError(f"{path}: torch gave {torch_result!r}, the oracle {oracle_result!r}")
 
