@@ -160,6 +160,8 @@ dcp = TorchModule(
         "HuggingFaceStorageReader",
         "QuantizedHuggingFaceStorageReader",
         "CheckpointException",
+        "save_state_dict",
+        "load_state_dict",
     ),
 )
 # DCP's experimental checkpointer, judged on what its docstrings promise.
@@ -233,6 +235,7 @@ fsdp = TorchModule(
         "MixedPrecision",
         "MixedPrecisionPolicy",
         "CPUOffload",
+        "CPUOffloadPolicy",
     ),
 )
 fsdp_wrap = TorchModule("torch.distributed.fsdp.wrap", ("ModuleWrapPolicy",))

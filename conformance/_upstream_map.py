@@ -51,12 +51,17 @@ _NOTE_FIELD: dict[Status, str | None] = {
 @dataclass(frozen=True)
 class UpstreamTest:
     """One upstream test function (``Class.test_name``), its status, the checks that judge what
-    it tests (``module.py::test_function`` under ``conformance/``) and what is left out or why."""
+    it tests (``module.py::test_function`` under ``conformance/``) and what is left out or why.
+
+    A ``partly`` test's ``kept`` says why what it leaves out is left (private internals the
+    public effect of which is judged, an accelerator path that skips here naming it, ...); a
+    ``partly`` test without one is still open: a check should close it."""
 
     name: str
     status: Status
     checks: tuple[str, ...]
     note: str
+    kept: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,11 @@ def _test(entry: dict[str, Any], where: str) -> UpstreamTest:
     if field and not note:
         raise ValueError(f"{place}: {status!r} tests say {field!r}")
     allowed = {"name", "status", "checks"} | ({field} if field else set())
+    if status == "partly":
+        allowed.add("kept")
     if extra := sorted(set(entry) - allowed):
         raise ValueError(f"{place}: unexpected fields {extra} for status {status!r}")
-    return UpstreamTest(str(name), status, checks, str(note))
+    return UpstreamTest(str(name), status, checks, str(note), str(entry.get("kept", "")))
 
 
 def load(path: Path = MAP) -> tuple[UpstreamFile, ...]:
@@ -127,12 +134,25 @@ def counts(files: tuple[UpstreamFile, ...]) -> Counter[str]:
     return Counter(test.status for file in files for test in file.tests)
 
 
+def open_partly(files: tuple[UpstreamFile, ...]) -> int:
+    """How many ``partly`` tests give no reason for what they leave out."""
+    return sum(
+        1 for file in files for test in file.tests if test.status == "partly" and not test.kept
+    )
+
+
 def summary(files: tuple[UpstreamFile, ...]) -> str:
-    """One line: how many upstream tests of how many files have each status."""
+    """One line: how many upstream tests of how many files have each status, and how many
+    partly covered ones are still open (no reason given for what they leave out)."""
     tally = counts(files)
     total = sum(tally.values())
     parts = ", ".join(f"{tally[status]} {status}" for status in STATUSES)
-    return f"{total} test functions of {len(files)} upstream files: {parts}."
+    still_open = open_partly(files)
+    return (
+        f"{total} test functions of {len(files)} upstream files: {parts}. "
+        f"Of the partly covered, {tally['partly'] - still_open} leave out only what has a "
+        f"stated reason and {still_open} are open."
+    )
 
 
 def _cell(text: str) -> str:
@@ -141,7 +161,8 @@ def _cell(text: str) -> str:
 
 def _row(test: UpstreamTest) -> str:
     checks = "<br>".join(f"`{check}`" for check in test.checks) or "—"
-    return f"| `{test.name}` | {test.status} | {checks} | {_cell(test.note)} |"
+    note = test.note + (f" **Kept:** {test.kept}" if test.kept else "")
+    return f"| `{test.name}` | {test.status} | {checks} | {_cell(note)} |"
 
 
 def page(files: tuple[UpstreamFile, ...]) -> str:
@@ -151,7 +172,8 @@ def page(files: tuple[UpstreamFile, ...]) -> str:
         "",
         "Made by `python -m conformance._upstream_map` from `conformance/upstream_map.toml`;",
         "edit that file, not this page. Each upstream test function is `covered` (the checks",
-        "judge all it tests), `partly` (and what the checks leave out), `out of scope` or",
+        "judge all it tests), `partly` (and what the checks leave out, with **Kept:** and the",
+        "reason where it is left on purpose; one without is open), `out of scope` or",
         "`not covered` (and why). A check is `module::test function` under `conformance/`.",
         "",
         summary(files),

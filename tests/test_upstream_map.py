@@ -69,6 +69,10 @@ def test_a_check_that_no_longer_exists_is_named(tmp_path: Path) -> None:
             'status = "covered"\nchecks = ["m.py::test_a"]\nreason = "r"',
             r"unexpected fields \['reason'\]",
         ),
+        (
+            'status = "covered"\nchecks = ["m.py::test_a"]\nkept = "k"',
+            r"unexpected fields \['kept'\]",
+        ),
     ],
 )
 def test_an_entry_that_breaks_its_status_rules_is_refused_naming_it(
@@ -94,5 +98,21 @@ def test_the_summary_counts_each_status() -> None:
         _upstream_map.UpstreamFile("b.py", "c", (test("T.test_4", "not covered", (), "y"),)),
     )
     assert _upstream_map.summary(files) == (
-        "4 test functions of 2 upstream files: 2 covered, 1 partly, 0 out of scope, 1 not covered."
+        "4 test functions of 2 upstream files: 2 covered, 1 partly, 0 out of scope, 1 not covered. "
+        "Of the partly covered, 0 leave out only what has a stated reason and 1 are open."
     )
+
+
+def test_a_partly_covered_test_without_a_reason_is_counted_open(tmp_path: Path) -> None:
+    path = _write_map(
+        tmp_path,
+        'name = "T.test_x"\nstatus = "partly"\nchecks = ["m.py::test_a"]\nmissing = "m"\n\n'
+        '[[file.test]]\nname = "T.test_y"\nstatus = "partly"\nchecks = ["m.py::test_a"]\n'
+        'missing = "m"\nkept = "private: its public effect is judged"',
+    )
+    files = _upstream_map.load(path)
+    assert _upstream_map.open_partly(files) == 1
+    assert _upstream_map.summary(files).endswith(
+        "Of the partly covered, 1 leave out only what has a stated reason and 1 are open."
+    )
+    assert "**Kept:** private: its public effect is judged" in _upstream_map.page(files)

@@ -19,6 +19,7 @@ from conformance.cells._wrappers import (
     wrap_fsdp1_tp,
     wrap_fsdp2,
     wrap_fsdp2_tp,
+    wrap_hsdp2_tp,
     wrap_replicate,
     wrap_tp,
 )
@@ -135,6 +136,15 @@ def _declared() -> list[Parallelism]:
                 Partner("fsdp2", 2, ("dcp",)),
                 Partner("ddp", 4, ("async",)),
             ),
+        ),
+        Parallelism(
+            "hsdp2_tp",
+            wrap_hsdp2_tp,
+            (8,),  # two replicas of two shards of two tensor-parallel ranks
+            family="2-D",
+            exact=False,
+            fsdp2=True,
+            roles=frozenset({"zoo"}),
         ),
         Parallelism(
             "fsdp1_tp",

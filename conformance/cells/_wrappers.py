@@ -108,12 +108,28 @@ def wrap_tp(model: nn.Module, world: Any) -> nn.Module:
 
 
 def wrap_fsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
-    shard = fully_shard_on(world.device)
+    """FSDP2 over the ``dp`` dim of a (2, size / 2) mesh, around the model made
+    tensor-parallel over its ``tp`` dim."""
     mesh = world.mesh((2, world.size // 2), ("dp", "tp"))
-    model = _tensor_parallel(model, mesh["tp"])
+    return _fully_shard_tensor_parallel(model, world, mesh["dp"], mesh["tp"])
+
+
+def wrap_hsdp2_tp(model: nn.Module, world: Any) -> nn.Module:
+    """HSDP (FSDP2 replicated over ``dp_replicate``, sharded over ``dp_shard``) on a
+    (2, 2, size / 4) mesh, around the model made tensor-parallel over its ``tp`` dim: a
+    parameter sharded on every dim of a 3-D mesh."""
+    mesh = world.mesh((2, 2, world.size // 4), ("dp_replicate", "dp_shard", "tp"))
+    return _fully_shard_tensor_parallel(model, world, mesh["dp_replicate", "dp_shard"], mesh["tp"])
+
+
+def _fully_shard_tensor_parallel(
+    model: nn.Module, world: Any, data_mesh: Any, tensor_mesh: Any
+) -> nn.Module:
+    shard = fully_shard_on(world.device)
+    model = _tensor_parallel(model, tensor_mesh)
     for unit in units(model):
-        shard(model.get_submodule(unit), mesh=mesh["dp"])
-    shard(model, mesh=mesh["dp"])
+        shard(model.get_submodule(unit), mesh=data_mesh)
+    shard(model, mesh=data_mesh)
     return model
 
 

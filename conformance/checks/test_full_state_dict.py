@@ -33,7 +33,7 @@ def _cells() -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.world(1, 2, 4, 8, applies=exists_at_size())
 @pytest.mark.parametrize(("name", "recipe"), _cells())
 @pytest.mark.parametrize("steps", [0, 2])
 def test_full_state_dicts_equal_single_process(world, name, recipe, steps):

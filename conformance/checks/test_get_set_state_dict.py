@@ -103,7 +103,7 @@ def _get_cells() -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.world(1, 2, 4, 8, applies=exists_at_size())
 @pytest.mark.parametrize(("name", "options"), _get_cells())
 def test_get_state_dict_matches_the_oracle(world, name, options):
     model, optimizer = build(PARALLELISMS[name], world)
@@ -149,7 +149,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     assert_trees_identical(loaded[0], loaded[1])
 
 
-@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.world(1, 2, 4, 8, applies=exists_at_size())
 @pytest.mark.parametrize("options", ["sharded", "full", "full_flat_optim"])
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_set_state_dict_matches_the_oracle(world, name, options):
@@ -183,7 +183,7 @@ def test_set_state_dict_matches_the_oracle(world, name, options):
     assert_trees_identical(results[1][1], model_state)
 
 
-@pytest.mark.world(1, 2, 4, applies=exists_at_size())
+@pytest.mark.world(1, 2, 4, 8, applies=exists_at_size())
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
 def test_get_set_get_is_the_identity(world, name):
     """Save, train on, load what was saved: the model and optimizer are back where they were."""

@@ -78,7 +78,7 @@ def _trained(
     return model, optimizer
 
 
-@pytest.mark.world(2, 4, applies=first_size_only("cell"))
+@pytest.mark.world(2, 4, 8, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_model_state_equals_single_process(world, model_id, cell):
@@ -94,7 +94,7 @@ def test_model_state_equals_single_process(world, model_id, cell):
     assert_state_dict_equal(actual["state"], expected.optimizer_state, **tolerance)
 
 
-@pytest.mark.world(2, 4, applies=first_size_only("cell"))
+@pytest.mark.world(2, 4, 8, applies=first_size_only("cell"))
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
@@ -112,7 +112,7 @@ def test_model_get_state_dict_matches_the_oracle(world, model_id, cell, options)
     )
 
 
-@pytest.mark.world(2, 4, applies=first_size_only("cell"))
+@pytest.mark.world(2, 4, 8, applies=first_size_only("cell"))
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_model_load_restores_what_was_saved(world, model_id, cell):
