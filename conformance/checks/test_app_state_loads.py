@@ -3,7 +3,8 @@
 Each cell trains ``SAVED_AFTER`` steps and saves its training state. Fresh
 objects of the same cell load, train ``MORE_STEPS`` more, and must hold what
 ``SAVED_AFTER + MORE_STEPS`` single-process steps give (bit for bit, within the cell's
-tolerance). The ways of saving and loading:
+tolerance). ``dcp.load`` fills the dicts and ``Stateful`` objects it is given in place: each
+is still the object handed to it. The ways of saving and loading:
 
 - ``app_state``: DCP's recipe. An object holds the model and optimizer. Its ``state_dict`` is
   ``get_state_dict`` and its ``load_state_dict`` is ``set_state_dict``, so it meets DCP's
@@ -171,7 +172,13 @@ def test_each_documented_way_resumes_as_one_process(world, cell, way):
     dcp.save(_checkpointed(way, saving), checkpoint_id=path)
     resuming = fresh_training(parallelism, world, RECIPE)
     template = _checkpointed(way, resuming)
+    given = dict(template)
     dcp.load(template, checkpoint_id=path)
+    for key, value in given.items():
+        assert template[key] is value, (
+            f"rank {world.rank}: dcp.load replaced the {type(value).__name__} under {key!r} "
+            "instead of loading into it"
+        )
     _put_back(way, resuming, template)
     train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
     assert_full_state_is_single_process(

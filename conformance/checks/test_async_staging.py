@@ -25,13 +25,19 @@ buffers of its first staging, now holding the new values. The checks run on the 
 stage each kind of tensor, at their smallest world size above one and at 4.
 
 Each ``DefaultStager`` choice also stages, on one rank's device, what a state may hold beside
-a training state: views of one tensor (a flattening, a view of it, a reshape to the same
-shape, a row, a column slice), tensors carrying Python attributes (one with views, one
-nested), and dataclasses (nested, and frozen) holding tensors, strings and lists. The copy
-must equal the state, on the CPU; its views must be views of one staged storage, at their
-offsets, so that a write to the staged base shows in each; its tensors keep their
-attributes; its dataclasses are of their classes; and nothing of it changes when the state
-does.
+a training state:
+
+- views of one tensor: a flattening, a view of it, a reshape to the same shape, a row, a
+  column slice, a narrowing a dataclass holds;
+- tensors carrying Python attributes (one with views, one nested);
+- dataclasses (nested, and frozen) holding tensors, strings and lists;
+- tensors of float64, int32, int64 and bool;
+- empty tensors of one, two and three dims, and a 0-dim one.
+
+The copy must equal the state, on the CPU, in shared or pinned memory only where the choice
+asks. Its views must be views of one staged storage, at their offsets, so that a write to the
+staged base shows in each. Its tensors keep their attributes, its dataclasses are of their
+classes, and nothing of it changes when the state does.
 """
 
 from __future__ import annotations
@@ -90,13 +96,17 @@ def _oracle_staging(state: dict[str, Any], pinned: bool, shared: bool) -> Any:
 
 
 def _assert_memory_kinds(staged: Any, choice: Staging) -> None:
+    """Shared and pinned memory where the choice asks for it, and only there."""
     for path, tensor in local_tensors_by_path(staged):
         if tensor.numel() == 0:
             continue
-        if choice.shared:
-            assert tensor.is_shared(), f"{path}: staged outside shared memory"
+        assert tensor.is_shared() == choice.shared, (
+            f"{path}: staged {'outside' if choice.shared else 'in'} shared memory"
+        )
         if choice.pins(tensor):
             assert tensor.is_pinned(), f"{path}: staged outside pinned memory"
+        elif not choice.pinned:
+            assert not tensor.is_pinned(), f"{path}: staged in pinned memory, not asked for"
 
 
 def _staged(stagers: Stagers, training: Training, world: Any, name: str) -> tuple[Any, Any]:
@@ -153,10 +163,29 @@ def _beside_a_training_state(device: torch.device) -> dict[str, Any]:
         "deeper": {"tagged": nested},
         "nested": _Outer(_Inner(torch.ones(2, 2, device=device), ["a", "b"]), torch.tensor([0.5])),
         "frozen": _Frozen(torch.full((3,), 2.0, device=device), "frozen"),
+        "narrowed": _Frozen(base.narrow(0, 2, 2), "narrowed"),
+        "dtypes": {
+            "float64": torch.linspace(-1, 1, 4, dtype=torch.float64, device=device),
+            "int32": torch.arange(-2, 3, dtype=torch.int32, device=device),
+            "int64": torch.tensor([2**40, -(2**40)], dtype=torch.int64, device=device),
+            "bool": torch.tensor([True, False, True], device=device),
+        },
+        "empty": {
+            "flat": torch.empty(0, device=device),
+            "square": torch.empty(0, 0, device=device),
+            "cube": torch.empty(0, 0, 0, device=device),
+            "scalar": torch.tensor(3.5, device=device),
+        },
     }
 
 
-VIEWS = ("flat", "flat_part", "same_shape", "row", "columns")
+VIEWS = ("flat", "flat_part", "same_shape", "row", "columns", "narrowed")
+
+
+def _view(staged: dict[str, Any], name: str) -> torch.Tensor:
+    """The tensor viewed under ``name``, also where a dataclass holds it."""
+    value = staged[name]
+    return value.tensor if isinstance(value, _Frozen) else value
 
 
 @pytest.mark.world(1)
@@ -173,15 +202,16 @@ def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
         stager.close()
     expected = _beside_a_training_state(torch.device("cpu"))
     assert_trees_identical(staged, expected)
+    _assert_memory_kinds(staged, choice)
     base = staged["base"]
     for name in VIEWS:
-        view = staged[name]
+        view, live = _view(staged, name), _view(state, name)
         assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), (
             f"{staging}: the staged {name} is not a view of the staged base"
         )
-        assert view.storage_offset() == state[name].storage_offset(), (
+        assert view.storage_offset() == live.storage_offset(), (
             f"{staging}: the staged {name} starts at {view.storage_offset()}, "
-            f"the state's at {state[name].storage_offset()}"
+            f"the state's at {live.storage_offset()}"
         )
     attributes = (base.a, staged["deeper"]["tagged"].note)
     assert attributes == (42, "kept"), f"{staging}: the staged tensors' attributes: {attributes}"
@@ -191,6 +221,6 @@ def test_staging_keeps_views_attributes_and_dataclasses(world, staging):
     assert_trees_identical(staged, expected)
     base.fill_(7.0)
     for name in VIEWS:
-        assert bool((staged[name] == 7.0).all()), (
+        assert bool((_view(staged, name) == 7.0).all()), (
             f"{staging}: a write to the staged base is not seen in {name}"
         )

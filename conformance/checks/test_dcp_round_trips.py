@@ -9,19 +9,21 @@ save, for every parallelism. Resharding loads run at 4 → 2 ranks, 4 → 1 (ran
 DDP, ...). A save over an existing checkpoint replaces it where its writer allows it
 (``FileSystemWriter(overwrite=True)``, the default). Where the writer does not, the save is
 refused on every rank and the files are left as they were (upstream's ``test_overwrite``).
-Tensors in lists in lists, an ``OrderedDict`` and integer keys come back as saved.
+Tensors in lists in lists, dicts in lists, ``OrderedDict``s, integer keys, long lists and a
+``BytesIO`` come back as saved, into a template and rebuilt whole by ``dcp_to_torch_save``.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import io
 from typing import Any
 
 import pytest
 import torch
 
-from conformance._upstream import dcp, dsd, full_options, with_parameters
+from conformance._upstream import dcp, dcp_formats, dsd, full_options, with_parameters
 from conformance.cells import (
     PARALLELISMS,
     SubWorld,
@@ -161,6 +163,33 @@ def _nested(rank: int, scale: float) -> dict[Any, Any]:
     }
 
 
+def _deeper(rank: int, scale: float) -> dict[str, Any]:
+    """Dicts inside lists inside dicts, an ``OrderedDict`` holding a list, a list of twelve
+    tensors (its keys sort ``.10`` before ``.2``), a list inside a list, strings and a train
+    state with an int32 step and a ``BytesIO``; one tensor of each rank's own."""
+    number = int(10 * scale)
+    blob = io.BytesIO()
+    torch.save([number, "step"], blob)
+    return {
+        f"rank_{rank}": torch.full((2,), rank + scale),
+        "ordered_list": collections.OrderedDict(key0=[99 + number, torch.full((2,), scale)]),
+        "dicts_in_lists": {
+            "key0": [{"key1": {"key2": torch.full((3,), 2 * scale)}}],
+            "k2": [torch.full((2,), 3 * scale), 99 + number, [{"k3": torch.full((1,), scale)}]],
+            "k3": ["x" * (1 + number), 99, [{"k3": "y"}]],
+        },
+        "lists": {
+            "twelve": [torch.full((1,), index * scale) for index in range(12)],
+            "list_in_list": [[torch.full((2,), 4 * scale)]],
+        },
+        "train_state": {
+            "step": torch.tensor(7 * number, dtype=torch.int32),
+            "loss": torch.tensor(0.5 * scale),
+            "blob": blob,
+        },
+    }
+
+
 @pytest.mark.world(1, 2)
 def test_nested_containers_come_back_as_saved(world):
     """Upstream's nested and traversed state dicts: every leaf of lists in lists, an
@@ -172,3 +201,43 @@ def test_nested_containers_come_back_as_saved(world):
     template = _nested(world.rank, 0.0)
     dcp.load(template, checkpoint_id=path)
     assert_trees_identical(template, saved)
+
+
+@pytest.mark.world(1, 2)
+def test_deeper_containers_come_back_as_saved(world):
+    """Upstream's flattening, traversal and end-to-end states: dicts in lists, an
+    ``OrderedDict`` of a list, long lists, a list in a list and a ``BytesIO`` come back from
+    ``dcp.load`` into a template of the same shape filled with other values."""
+    path = str(world.tmp_path / "deeper")
+    saved = _deeper(world.rank, 1.0)
+    dcp.save(copy.deepcopy(saved), checkpoint_id=path)
+    template = _deeper(world.rank, 0.0)
+    dcp.load(template, checkpoint_id=path)
+    assert_trees_identical(template, saved)
+
+
+@pytest.mark.world(1, 2)
+def test_deeper_containers_come_back_whole_without_a_template(world):
+    """``dcp_to_torch_save`` rebuilds the containers from the keys alone (lists filled out of
+    the order their keys sort in, a list inside a list, dicts inside lists): the file holds
+    every rank's state as saved, whatever order its keys come in."""
+    path = world.tmp_path / "deeper-whole"
+    dcp.save(_deeper(world.rank, 1.0), checkpoint_id=str(path))
+    world.barrier()
+    if world.rank == 0:
+        converted = world.tmp_path / "deeper.pt"
+        dcp_formats.dcp_to_torch_save(str(path), str(converted))
+        whole: dict[str, Any] = {}
+        for rank in range(world.size):
+            whole.update(_deeper(rank, 1.0))
+        loaded = torch.load(converted, weights_only=False)
+        assert_trees_identical(_keys_sorted(loaded), _keys_sorted(whole))
+
+
+def _keys_sorted(tree: Any) -> Any:
+    """``tree`` with every dict's keys in sorted order, each dict of its own type."""
+    if isinstance(tree, dict):
+        return type(tree)((key, _keys_sorted(tree[key])) for key in sorted(tree))
+    if isinstance(tree, list):
+        return [_keys_sorted(item) for item in tree]
+    return tree

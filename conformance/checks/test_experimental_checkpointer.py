@@ -27,8 +27,9 @@ values differ, so a file read by the wrong rank shows.
   a failed write ends the writer process, and the check gives it time to end before
   closing: closing while it ends raises ``ProcessExitedException`` at random (the process
   dies by the signal its creating thread's exit sends).
-- **The stager** (``_experimental.DefaultStager``): each option alone, all on and all off
-  stage a copy equal to the state and independent of it, on the CPU (a tensor on the
+- **The stager** (``_experimental.DefaultStager``): each option alone, all on, all off, and
+  pinned memory with background staging and with non-blocking copies stage a copy equal to
+  the state and independent of it, on the CPU (a tensor on the
   rank's device beside CPU ones), a future of one where staging is in the background; one
   stager stages three states in turn.
 
@@ -307,15 +308,26 @@ def test_the_experimental_reader_passes_torch_load_arguments_on(world):
         checkpointer.close()
 
 
+# Each choice of the stager's flags: each alone, none, all, and pinned memory with each of
+# the two ways of copying into it.
+STAGER_CHOICES: dict[str, tuple[str, ...] | None] = {
+    **{name: (name,) for name in (*STAGER_OPTIONS, "use_non_blocking_copy")},
+    "all_off": (),
+    "all_on": None,
+    "pinned_async": ("use_pinned_memory", "use_async_staging"),
+    "pinned_non_blocking": ("use_pinned_memory", "use_non_blocking_copy"),
+}
+
+
 @pytest.mark.world(1)
-@pytest.mark.parametrize("option", [*STAGER_OPTIONS, "use_non_blocking_copy", "all_off", "all_on"])
+@pytest.mark.parametrize("option", list(STAGER_CHOICES))
 def test_the_experimental_stager_stages_independent_copies(world, option):
-    if option in ("use_non_blocking_copy", "all_on") and not _accelerator_available():
-        pytest.skip(f"{option}: non-blocking copies need an accelerator; this world has none")
     names = [field.name for field in fields(dcp_experimental.CheckpointStagerConfig)]
-    config = dcp_experimental.CheckpointStagerConfig(
-        **{name: option in (name, "all_on") for name in names}
-    )
+    chosen = STAGER_CHOICES[option]
+    flags = {name: chosen is None or name in chosen for name in names}
+    if flags.get("use_non_blocking_copy") and not _accelerator_available():
+        pytest.skip(f"{option}: non-blocking copies need an accelerator; this world has none")
+    config = dcp_experimental.CheckpointStagerConfig(**flags)
     stager = dcp_experimental.DefaultStager(config)
     try:
         for version in range(3):

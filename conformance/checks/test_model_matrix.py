@@ -23,6 +23,10 @@ dicts, agree with the oracle, and load back what it saved:
 - torch's and the oracle's get agree (sharded, full, ``ignore_frozen_params``);
 - torch's set loads back what torch's get saved after one more step.
 
+The frozen model also runs upstream's fine-tuning flow: saved without its frozen layer
+(``ignore_frozen_params``), loaded with ``strict=False`` into fresh objects that must then hold
+the saved run's full state.
+
 Tensor-parallel cells compare within the tolerances of ``comparison_tolerance``; every other
 cell is exact. Every model is also saved through DCP at 4 ranks (FSDP2, HSDP2). It is loaded
 at 2 ranks (FSDP1 FULL_SHARD orig nested, DDP) and at 1 (rank 0 alone), and the full state is
@@ -38,7 +42,7 @@ import pytest
 import torch
 
 import reference_impl as ri
-from conformance._upstream import dsd
+from conformance._upstream import dcp, dsd
 from conformance.cells import (
     PARALLELISMS,
     Parallelism,
@@ -180,3 +184,43 @@ def test_model_dcp_resharding_keeps_every_value(world, model_id, saved_by, loade
             assert_state_dict_equal(loaded[1]["state"], saved[1]["state"], **tolerance)
     finally:
         world.barrier()
+
+
+FINE_TUNING = ri.StateDictOptions(ignore_frozen_params=True)
+
+
+@pytest.mark.world(2, 4, 8, applies=first_size_only("cell"))
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_fine_tuning_checkpoint_without_its_frozen_layer_resumes(world, cell):
+    """Upstream's fine-tuning flow on the frozen model: its state saved without the frozen
+    ``fc1`` (``ignore_frozen_params``), loaded into fresh objects through a template of the
+    same options and ``set_state_dict(strict=False)``. The checkpoint holds no ``fc1`` key,
+    and the fresh objects hold the saved run's full state (``fc1`` as its seed gave it)."""
+    recipe = MODELS["frozen"]
+    model, optimizer = _trained(recipe, PARALLELISMS[cell], world)
+    theirs = dsd.StateDictOptions(ignore_frozen_params=True)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer, options=theirs)
+    path = str(world.tmp_path / "fine-tuned")
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    saved = copy.deepcopy(ri.get_state_dict(model, optimizer, options=FULL))
+    world.barrier()
+    stored = sorted(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    frozen = [key for key in stored if key.startswith("model.fc1.")]
+    assert not frozen, f"rank {world.rank}: the checkpoint holds frozen keys {frozen}"
+
+    fresh = recipe.make(PARALLELISMS[cell], world)
+    fresh_optimizer = adam(fresh)
+    recipe.train(fresh, fresh_optimizer, 1)  # optimizer state for the template to hold
+    model_template, optim_template = dsd.get_state_dict(fresh, fresh_optimizer, options=theirs)
+    template = {"model": model_template, "optim": optim_template}
+    dcp.load(template, checkpoint_id=path)
+    dsd.set_state_dict(
+        fresh,
+        fresh_optimizer,
+        model_state_dict=template["model"],
+        optim_state_dict=template["optim"],
+        options=dsd.StateDictOptions(strict=False),
+    )
+    resumed = ri.get_state_dict(fresh, fresh_optimizer, options=FULL)
+    assert_state_dict_equal(resumed[0], saved[0])
+    assert_state_dict_equal(resumed[1]["state"], saved[1]["state"])

@@ -144,7 +144,7 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
     Same container types (any two dicts alike) and keys in the same order;
     tensors of the same class, device, dtype, shape and values (NaN equals
     NaN); ShardedTensors with the same metadata and local shards; DTensors
-    with the same mesh and placements and identical local tensors; BytesIO
+    with the same mesh, placements, global shape and stride and identical local tensors; BytesIO
     with the same bytes; dataclasses field by field; other leaves equal and of
     the same type.
     """
@@ -183,6 +183,11 @@ def assert_trees_identical(torch_result: Any, oracle_result: Any, path: str = "<
         if torch_result.shape != oracle_result.shape:
             raise AssertionError(
                 f"{path}: global shape {torch_result.shape} != oracle's {oracle_result.shape}"
+            )
+        if torch_result.stride() != oracle_result.stride():
+            raise AssertionError(
+                f"{path}: global stride {torch_result.stride()} "
+                f"!= oracle's {oracle_result.stride()}"
             )
         assert_trees_identical(torch_result.to_local(), oracle_result.to_local(), f"{path}<local>")
     elif isinstance(oracle_result, torch.Tensor):
