@@ -178,7 +178,24 @@ dcp_experimental = TorchModule(
         "DefaultStager",
     ),
 )
-dcp_metadata = TorchModule("torch.distributed.checkpoint.metadata", ("MetadataIndex",))
+dcp_metadata = TorchModule(
+    "torch.distributed.checkpoint.metadata",
+    (
+        "MetadataIndex",
+        "Metadata",
+        "ChunkStorageMetadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+    ),
+)
+# DCP's public helpers for custom planners (each in its module's ``__all__``).
+dcp_planner_helpers = TorchModule(
+    "torch.distributed.checkpoint.planner_helpers", ("create_read_items_for_chunk_list",)
+)
+dcp_utils = TorchModule(
+    "torch.distributed.checkpoint.utils", ("find_state_dict_object", "find_tensor_shard")
+)
 dcp_filesystem = TorchModule("torch.distributed.checkpoint.filesystem", ("CURRENT_DCP_VERSION",))
 # DCP's writer and reader of fsspec's stores (object stores, memory, file URLs).
 dcp_fsspec = TorchModule(
@@ -275,6 +292,11 @@ MODULES: tuple[TorchModule, ...] = (
     sdu,
     dsd,
     dcp,
+    dcp_experimental,
+    dcp_metadata,
+    dcp_filesystem,
+    dcp_planner_helpers,
+    dcp_utils,
     dcp_fsspec,
     dcp_saver,
     dcp_staging,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ci.gate.target import SUITE_ROOT
+from conformance import _upstream
 from conformance._upstream import fsdp, fully_shard_on, with_parameters
 from conformance.cells import PARALLELISMS
 from tests._inner import collect_conformance
@@ -146,3 +147,16 @@ def test_fsdp2_on_cpu_needs_cpu_streams_that_record_events(monkeypatch: pytest.M
     with pytest.raises(pytest.skip.Exception, match="cannot run fully_shard"):
         PARALLELISMS["fsdp2_tp"].skip_unless_runnable(torch.device("cpu"))
     PARALLELISMS["ddp"].skip_unless_runnable(torch.device("cpu"))
+
+
+def test_the_probe_lists_every_namespace_the_suite_declares() -> None:
+    """A namespace left out of ``MODULES`` is missing from ``python -m ci.gate.probe``."""
+    declared = [
+        name for name, value in vars(_upstream).items() if isinstance(value, _upstream.TorchModule)
+    ]
+    unlisted = [
+        name
+        for name in declared
+        if not any(getattr(_upstream, name) is m for m in _upstream.MODULES)
+    ]
+    assert unlisted == [], f"declared in conformance._upstream but not in MODULES: {unlisted}"

@@ -7,6 +7,7 @@ training loop does (``get_state_dict``'s templates into ``dcp.load``). The spoil
 
 - ``renamed``: saved as ``fc3.weight``, as a checkpoint of another model holds it;
 - ``wrong_shape``: saved with one more row;
+- ``short_shape``: saved with one row fewer (the template is the larger);
 - ``wrong_dtype``: saved as ``float64`` (other values than the model's).
 
 The load must raise on every rank, naming the key (``model.fc1.weight``). It must leave the
@@ -53,8 +54,8 @@ from conformance.training import (
     training_state,
 )
 
-Spoil = Literal["renamed", "wrong_shape", "wrong_dtype"]
-SPOILS: tuple[Spoil, ...] = ("renamed", "wrong_shape", "wrong_dtype")
+Spoil = Literal["renamed", "wrong_shape", "short_shape", "wrong_dtype"]
+SPOILS: tuple[Spoil, ...] = ("renamed", "wrong_shape", "short_shape", "wrong_dtype")
 FileSpoil = Literal["cut_short", "header_too_long", "header_not_json"]
 FILE_SPOILS: tuple[FileSpoil, ...] = ("cut_short", "header_too_long", "header_not_json")
 RECIPE = "adam"
@@ -73,8 +74,9 @@ def _spoiled(model_state: dict[str, Any], spoil: Spoil) -> dict[str, Any]:
     value = state.pop(PARAM)
     if spoil == "renamed":
         state["fc3.weight"] = value
-    elif spoil == "wrong_shape":
-        state[PARAM] = torch.zeros(value.shape[0] + 1, *value.shape[1:])
+    elif spoil in ("wrong_shape", "short_shape"):
+        rows = value.shape[0] + (1 if spoil == "wrong_shape" else -1)
+        state[PARAM] = torch.zeros(rows, *value.shape[1:])
     else:
         state[PARAM] = _saved_float64()
     return state

@@ -14,7 +14,8 @@ In detail, on every FSDP1 cell at 2 and 4 ranks:
 - the ``shard_full_``, ``scatter_full_`` (rank 0 alone passes the state) and
   ``flatten_sharded_optim_state_dict`` conversions against the oracle's, then loaded back;
 - ``rekey_optim_state_dict`` to parameter IDs: the result loads into an unwrapped model's Adam
-  as the single-process state;
+  as the single-process state, with one param group and with per-layer groups around an
+  empty one (original-parameter cells);
 - ``rekey_optim_state_dict`` to names: the result, then sharded, equals the cell's own
   optimizer state;
 - both ways for an optimizer not stepped yet, whose param groups need re-keying all the same.
@@ -39,10 +40,13 @@ from conformance.training import FSDP1_CELLS, fsdp1_api, state_names_sorted
 STEPS = 2
 
 
-def _trained(world: Any, name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _trained(
+    world: Any, name: str, recipe: str = "adam"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     PARALLELISMS[name].require(world.size)
+    OPTIMIZERS[recipe].skip_unless_applies(PARALLELISMS[name])
     model = PARALLELISMS[name].parallelise(seeded_mlp(), world)
-    optimizer, _ = OPTIMIZERS["adam"].build(model)
+    optimizer, _ = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, STEPS)
     return model, optimizer
 
@@ -107,27 +111,31 @@ def test_legacy_load_matches_the_oracle(world, name, api):
     assert_trees_identical(ri.fsdp_optim_state_dict(model, fresh, **save_options), saved)
 
 
-def _single_process_adam(device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The MLP and Adam trained alone on ``device`` (the world's: see ``ground_truth``)."""
+def _single_process(
+    device: torch.device, recipe: str = "adam"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The MLP and ``recipe``'s optimizer trained alone on ``device`` (the world's: see
+    ``ground_truth``)."""
     model = seeded_mlp().to(device)
-    optimizer, _ = OPTIMIZERS["adam"].build(model)
+    optimizer, _ = OPTIMIZERS[recipe].build(model)
     train(model, optimizer, STEPS)
     return model, optimizer
 
 
 @pytest.mark.world(2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("recipe", ["adam", "adam_groups"])
 @pytest.mark.parametrize("given", ["full", "sharded"])
 @pytest.mark.parametrize("name", FSDP1_CELLS)
-def test_rekey_to_ids_matches_the_oracle(world, name, given):
+def test_rekey_to_ids_matches_the_oracle(world, name, given, recipe):
     """FQN-keyed state re-keyed to IDs for an unwrapped model loads into its optimizer as is;
     ``sharded_optim_state_dict``'s state (ShardedTensors) re-keys to the same, once gathered.
 
     The oracle re-keys the same way whether it is given the unwrapped model
     or the wrapped one with its own optimizer.
     """
-    model, optimizer = _trained(world, name)
+    model, optimizer = _trained(world, name, recipe)
     full = ri.fsdp_optim_state_dict(model, optimizer)
-    plain, plain_optimizer = _single_process_adam(world.device)
+    plain, plain_optimizer = _single_process(world.device, recipe)
     rekey = fsdp1_api("rekey_optim_state_dict")
     source = full
     if given == "sharded":
@@ -141,9 +149,9 @@ def test_rekey_to_ids_matches_the_oracle(world, name, given):
         full, fsdp.OptimStateKeyType.PARAM_ID, model, optimizer
     )
     assert_trees_identical(by_wrapped, ours)
-    fresh, _ = OPTIMIZERS["adam"].build(plain)
+    fresh, _ = OPTIMIZERS[recipe].build(plain)
     fresh.load_state_dict(ours)
-    truth = ground_truth(STEPS, OPTIMIZERS["adam"], device=world.device)
+    truth = ground_truth(STEPS, OPTIMIZERS[recipe], device=world.device)
     names = {param: fqn for fqn, param in plain.named_parameters()}
     assert_state_dict_equal({names[p]: s for p, s in fresh.state.items()}, truth.optimizer_state)
 
@@ -154,7 +162,7 @@ def test_rekey_to_names_then_shard_matches_the_oracle(world, name):
     """An unwrapped model's ID-keyed state, re-keyed to FQNs and sharded for an FSDP1 model,
     is exactly what that model's own optimizer holds after the same training."""
     model, optimizer = _trained(world, name)
-    plain, plain_optimizer = _single_process_adam(world.device)
+    plain, plain_optimizer = _single_process(world.device)
     saved = plain_optimizer.state_dict()
     rekey = fsdp1_api("rekey_optim_state_dict")
     theirs = rekey(saved, fsdp.OptimStateKeyType.PARAM_NAME, plain, optim=plain_optimizer)

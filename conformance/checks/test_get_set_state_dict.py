@@ -74,12 +74,16 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
 }
 
 
-def build(parallelism: Parallelism, world: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The parallelised model, trained two Adam steps; skips sizes the parallelism lacks."""
+def build(
+    parallelism: Parallelism, world: Any, recipe: str = "adam"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The parallelised model, trained two steps of ``recipe`` (its scheduler stepping too);
+    skips sizes the parallelism lacks and cells the recipe does not apply to."""
     parallelism.require(world.size)
+    OPTIMIZERS[recipe].skip_unless_applies(parallelism)
     model = model_of(parallelism, world)
-    optimizer = adam(model)
-    train(model, optimizer, steps=2)
+    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
+    train(model, optimizer, 2, scheduler)
     return model, optimizer
 
 
@@ -130,10 +134,7 @@ def test_optimizer_state_dict_of_every_optimizer_matches_the_oracle(world, name,
     which keeps the product of optimizers and options affordable.
     """
     parallelism = PARALLELISMS[name]
-    OPTIMIZERS[recipe].skip_unless_applies(parallelism)
-    model = model_of(parallelism, world)
-    optimizer, scheduler = OPTIMIZERS[recipe].build(model)
-    train(model, optimizer, 2, scheduler)
+    model, optimizer = build(parallelism, world, recipe)
     model.zero_grad(set_to_none=True)  # fresh optimizers below create their state by a step
     theirs, ours = both_options(OPTION_SETS[options])
     saved = ri.get_optimizer_state_dict(model, optimizer, options=ours)
@@ -234,13 +235,21 @@ def test_strict_load_refuses_an_unexpected_or_missing_key_and_non_strict_reports
 BROADCAST = {"full_state_dict": True, "broadcast_from_rank0": True}
 
 
+# Plain Adam; per-layer groups around an empty one; AdamW whose scheduler adds ``initial_lr``
+# to every group: the groups a broadcast load must match and restore.
+BROADCAST_RECIPES = ("adam", "adam_groups", "adamw_step_lr")
+
+
 @pytest.mark.world(2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("recipe", BROADCAST_RECIPES)
 @pytest.mark.parametrize("name", sorted(PARALLELISMS))
-def test_broadcast_from_rank0_matches_the_oracle(world, name):
+def test_broadcast_from_rank0_matches_the_oracle(world, name, recipe):
     """Rank 0 alone passes the full model and optimizer dicts, the others ``{}``, to
     ``set_model_state_dict`` and ``set_optimizer_state_dict``: torch's loads and the oracle's
-    give the same model and optimizer, holding the source's values on every rank."""
-    source, source_optimizer = build(PARALLELISMS[name], world)
+    give the same model and optimizer, holding the source's values and param groups (each
+    group's hyper-parameters, ``initial_lr`` included) on every rank."""
+    parallelism = PARALLELISMS[name]
+    source, source_optimizer = build(parallelism, world, recipe)
     full = ri.StateDictOptions(full_state_dict=True)
     # The whole model's dicts, where each rank holds a pipeline stage's part of them.
     model_state = whole_model_state(ri.get_model_state_dict(source, options=full))
@@ -258,8 +267,8 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
         (upstream_loaders, theirs),
         (oracle_loaders, ours),
     ):
-        model = model_of(PARALLELISMS[name], world)
-        optimizer = adam(model)
+        model = model_of(parallelism, world)
+        optimizer, _ = OPTIMIZERS[recipe].build(model)
         rank0 = world.rank == 0
         load_model(model, copy.deepcopy(model_state) if rank0 else {}, options=options)
         load_optimizer(
@@ -269,6 +278,22 @@ def test_broadcast_from_rank0_matches_the_oracle(world, name):
     assert_trees_identical(results[0], results[1])
     assert_trees_identical(results[1][0], held_part(model_state, model))
     assert_trees_identical(results[1][1]["state"], held_part(optim_state["state"], model))
+    if not parallelism.partial:  # a stage's groups hold its parameters alone
+        source_groups = ri.get_optimizer_state_dict(source, source_optimizer, options=full)
+        assert_trees_identical(
+            _tuples_as_lists(results[0][1]["param_groups"]),
+            _tuples_as_lists(source_groups["param_groups"]),
+        )
+
+
+def _tuples_as_lists(tree: Any) -> Any:
+    """``tree`` with tuples as lists: a broadcast passes ``betas`` on as a list, and the
+    optimizer takes either."""
+    if isinstance(tree, dict):
+        return {key: _tuples_as_lists(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_tuples_as_lists(item) for item in tree]
+    return tree
 
 
 @pytest.mark.world(2, timeout=20, applies=exists_at_size())

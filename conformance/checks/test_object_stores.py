@@ -19,6 +19,11 @@ the same training:
 - **Saved asynchronously.** ``async_save`` to the store, with the thread checkpointer on
   every cell and with the process checkpointer on one cell of each family (the golden
   cells), writes what ``dcp.save`` wrote locally, as above.
+- **Found by its URL.** ``dcp.save`` and ``dcp.load`` given the store's URL alone (fsspec's
+  defaults configured for it, as users do) fall back to fsspec's writer and reader, and
+  write and load as above; a URL no storage accepts (``abc://``) is refused by both.
+- **Saved over.** ``FsspecWriter(overwrite=True)`` over a checkpoint in the store replaces
+  it; ``overwrite=False`` is refused on every rank, saying it exists, and changes no file.
 
 The optimizer state is saved flattened (keyed by parameter name) on every cell, so that no
 load meets the nested form's known failure on a rank without local shards (FSDP1 at 4
@@ -34,12 +39,16 @@ thread checkpointer, and never resharded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec.config
 import pytest
+import torch
 import torch.distributed as dist
 
 from conformance._upstream import dcp
@@ -208,3 +217,74 @@ def _metadata_fields_that_differ(stored: bytes, written: bytes) -> list[str]:
         for field in dataclasses.fields(ours)
         if field.name != "storage_meta" and getattr(ours, field.name) != getattr(theirs, field.name)
     ]
+
+
+@contextlib.contextmanager
+def _url_alone_reaches(opened: OpenStore) -> Iterator[None]:
+    """fsspec's defaults for the store's protocol set to its options while the block runs, as
+    a user configures them, so that a URL alone reaches the store."""
+    protocol = opened.root.split("://", 1)[0]
+    before = fsspec.config.conf.get(protocol)
+    if opened.storage_options:
+        fsspec.config.conf[protocol] = dict(opened.storage_options)
+    try:
+        yield
+    finally:
+        if before is None:
+            fsspec.config.conf.pop(protocol, None)
+        else:
+            fsspec.config.conf[protocol] = before
+
+
+@pytest.mark.world(1, 2, 4, applies=_runs_at)
+@pytest.mark.parametrize("cell", ["fsdp2"])
+@pytest.mark.parametrize("store", sorted(STORES))
+def test_a_store_url_alone_picks_fsspec_to_save_and_load(world, store, cell):
+    """``dcp.save`` and ``dcp.load`` given a store's URL as ``checkpoint_id`` and no storage
+    fall back from the local file system's writer and reader to fsspec's: the checkpoint
+    holds the local one's files and loads as it does."""
+    opened = STORES[store].open(world)
+    model, optimizer, state, local = _trained_and_saved_locally(world, cell)
+    with _url_alone_reaches(opened):
+        dcp.save(state, checkpoint_id=opened.url("by-url"))
+        _assert_holds_the_local_files(world, opened, "by-url", local)
+        loads = {}
+        for where, checkpoint_id in (("local disk", str(local)), (store, opened.url("by-url"))):
+            template = training_state(model, optimizer, None, flatten=True)
+            dcp.load(template, checkpoint_id=checkpoint_id)
+            loads[where] = tree_leaves(template)
+    wrong = differences(loads[store], loads["local disk"], (f"from {store}", "from local disk"))
+    assert not wrong, f"rank {world.rank}: {opened.url('by-url')}: " + "; ".join(wrong)
+    world.barrier()
+
+
+@pytest.mark.world(1)
+@pytest.mark.parametrize("call", ["save", "load"])
+def test_a_url_no_storage_accepts_is_refused(world, call):
+    state = {"w": torch.zeros(2)}
+    with pytest.raises(RuntimeError, match="Cannot detect which StorageReader or StorageWriter"):
+        getattr(dcp, call)(state, checkpoint_id="abc://abc.abc")
+
+
+@pytest.mark.world(1, 2, 4, applies=_runs_at)
+@pytest.mark.parametrize("cell", ["ddp"])
+@pytest.mark.parametrize("store", sorted(STORES))
+def test_a_save_over_a_checkpoint_in_a_store_replaces_it_only_where_allowed(world, store, cell):
+    """``FsspecWriter(overwrite=True)`` over a checkpoint replaces it (it then holds what a
+    local save of the later state holds); ``overwrite=False`` is refused on every rank,
+    saying the checkpoint exists, and leaves the store's files as they were."""
+    opened = STORES[store].open(world)
+    model, optimizer, state, _ = _trained_and_saved_locally(world, cell)
+    dcp.save(state, storage_writer=opened.writer("again", overwrite=False))
+    train(model, optimizer, 1, start=SAVED_AFTER)
+    later = training_state(model, optimizer, None, flatten=True)
+    local = world.tmp_path / "later"
+    dcp.save(later, checkpoint_id=str(local))
+    dcp.save(later, storage_writer=opened.writer("again", overwrite=True))
+    _assert_holds_the_local_files(world, opened, "again", local)
+    world.barrier()
+    files = opened.files("again")
+    with pytest.raises(dcp.CheckpointException, match="already exists"):
+        dcp.save(later, storage_writer=opened.writer("again", overwrite=False))
+    world.barrier()
+    assert opened.files("again") == files, f"rank {world.rank}: the refused save changed files"
