@@ -190,6 +190,9 @@ dcp_metadata = TorchModule(
     ),
 )
 # DCP's public helpers for custom planners (each in its module's ``__all__``).
+dcp_default_planner = TorchModule(
+    "torch.distributed.checkpoint.default_planner", ("create_default_local_save_plan",)
+)
 dcp_planner_helpers = TorchModule(
     "torch.distributed.checkpoint.planner_helpers", ("create_read_items_for_chunk_list",)
 )
@@ -295,6 +298,7 @@ MODULES: tuple[TorchModule, ...] = (
     dcp_experimental,
     dcp_metadata,
     dcp_filesystem,
+    dcp_default_planner,
     dcp_planner_helpers,
     dcp_utils,
     dcp_fsspec,

@@ -1,9 +1,14 @@
 """DCP's public helpers for custom planners and storages, and its metadata classes.
 
-A custom planner reads with ``create_read_items_for_chunk_list`` and looks pieces up with
-``find_state_dict_object``; a storage builds and pickles the metadata classes. Each is in its
-module's ``__all__``, so its results are its contract:
+A custom planner plans with ``create_default_local_save_plan``, reads with
+``create_read_items_for_chunk_list`` and looks pieces up with ``find_state_dict_object``; a
+storage builds and pickles the metadata classes. Each is in its module's ``__all__``, so its
+results are its contract:
 
+- **Local save plans.** At 2 and 4 ranks, on the coordinator and off it, one write per value
+  the rank holds: a plain tensor whole, a plain value as bytes, each local shard of a
+  ``ShardedTensor`` and a DTensor's piece of uneven rows at its offset, each with its chunk,
+  dtype and global size.
 - **Read items.** For chunk lists that tile a tensor (saved and local pieces of every layout
   of upstream's cases, and uneven ones in 1-D, 2-D and 3-D), the items are exactly one per
   (local chunk, saved chunk) pair that overlap: the destination and storage indices name the
@@ -35,6 +40,7 @@ import torch
 
 from conformance._upstream import (
     dcp,
+    dcp_default_planner,
     dcp_metadata,
     dcp_planner_helpers,
     dcp_utils,
@@ -241,3 +247,73 @@ def test_a_checkpoint_whose_metadata_pickles_sharded_tensor_properties_loads(wor
     dcp.load(loaded, checkpoint_id=str(path))
     assert torch.equal(loaded["a"], saved["a"]), f"loaded {loaded['a'].tolist()}"
     assert loaded["step"] == 3, f"loaded step {loaded['step']}"
+
+
+def _chunk_rows(total: int, ranks: int, rank: int) -> tuple[int, int]:
+    """The rows ``Shard(0)`` gives ``rank``: ``torch.chunk``'s pieces, ``ceil(total / ranks)``
+    long, the last ones shorter or empty."""
+    rows = -(-total // ranks)
+    start = min(rank * rows, total)
+    return start, min(rows, total - start)
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("coordinator", [True, False], ids=["coordinator", "other"])
+def test_a_local_save_plan_writes_each_value_the_rank_holds(world, coordinator):
+    """``create_default_local_save_plan`` plans on every rank one write per value: a whole
+    plain tensor (``TENSOR`` at offset zero), a plain value (``BYTE_IO``), each local shard of a
+    ``ShardedTensor`` and a DTensor's local piece (``SHARD`` at its offset), each with its
+    chunk, dtype and global size; the coordinator dedups later, so both plan alike."""
+    rank, size = world.rank, world.size
+    plain = torch.rand(10, dtype=torch.float64)
+    shards = [
+        sharded_tensor.Shard.from_tensor_and_offsets(torch.rand(3), [3 * (2 * rank + k)], rank=rank)
+        for k in (0, 1)
+    ]
+    sharded = sharded_tensor.init_from_local_shards(shards, 6 * size)
+    distributed = dtensor.distribute_tensor(
+        torch.zeros(5, 3, dtype=torch.bfloat16), world.mesh(size), [dtensor.Shard(0)]
+    )
+    state = {"plain": plain, "value": [1, 2, 3], "sharded": sharded, "distributed": distributed}
+    plan = dcp_default_planner.create_default_local_save_plan(state, coordinator)
+    start, rows = _chunk_rows(5, size, rank)
+    expected = {
+        ("plain", "TENSOR", (0,), (0,), (10,), torch.float64, (10,)),
+        ("value", "BYTE_IO", None, None, None, None, None),
+        *(
+            (
+                "sharded",
+                "SHARD",
+                (3 * (2 * rank + k),),
+                (3 * (2 * rank + k),),
+                (3,),
+                torch.float32,
+                (6 * size,),
+            )
+            for k in (0, 1)
+        ),
+        ("distributed", "SHARD", (start, 0), (start, 0), (rows, 3), torch.bfloat16, (5, 3)),
+    }
+    planned = [_write(item) for item in plan.items]
+    assert len(planned) == len(set(planned)), f"rank {rank}: a write is planned twice: {planned}"
+    assert set(planned) == expected, (
+        f"rank {rank}: planned {sorted(map(str, planned))}, expected {sorted(map(str, expected))}"
+    )
+
+
+def _write(item: Any) -> tuple[Any, ...]:
+    """A write item as (fqn, type, index offset, chunk offsets, chunk sizes, dtype, size)."""
+    index = item.index
+    offset = None if index.offset is None else tuple(index.offset)
+    data = item.tensor_data
+    if data is None:
+        return (index.fqn, item.type.name, offset, None, None, None, None)
+    return (
+        index.fqn,
+        item.type.name,
+        offset,
+        tuple(data.chunk.offsets),
+        tuple(data.chunk.sizes),
+        data.properties.dtype,
+        tuple(data.size),
+    )

@@ -21,12 +21,15 @@ In detail:
   it, in torch as in the oracle.
 - ``broadcast_from_rank0``: rank 0 alone passes the full model and optimizer dicts (the
   others ``{}``) to ``set_model_state_dict`` and ``set_optimizer_state_dict``. Torch and the
-  oracle load them into every parallelism (FSDP1 cells included). Both leave identical models
-  and optimizers, holding the source's values. A strict broadcast load whose dict lacks a key
-  raises on every rank, naming it.
+  oracle load them into every parallelism (FSDP1 cells included), under Adam, per-layer
+  groups around an empty one, and AdamW with a scheduler. Both leave identical models and
+  optimizers, holding the source's values and param groups (``initial_lr`` too). A strict
+  broadcast load whose dict lacks a key raises on every rank, naming it.
 - The deprecated ``submodules`` selection: ``fc2`` alone, its prefix kept or cut by
   ``keep_submodule_prefixes``, sharded and full. It runs in every parallelism whose ranks all
-  hold ``fc2`` (not a pipeline's stages).
+  hold ``fc2`` (not a pipeline's stages). It and a set keyed by submodule warn with
+  ``FutureWarning`` and still work; so does FSDP1's ``state_dict_type``, while
+  ``get_model_state_dict`` gives no such warning.
 
 Under ``broadcast_from_rank0`` rank 0 passes the whole model's dicts. On a pipeline that is
 every stage's part, and each stage takes its own. The oracle's strict broadcast optimizer load
@@ -38,13 +41,14 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from typing import Any
 
 import pytest
 import torch
 
 import reference_impl as ri
-from conformance._upstream import ddp, dsd, quiet_deprecations
+from conformance._upstream import ddp, dsd, fsdp, quiet_deprecations
 from conformance.cells import (
     PARALLELISMS,
     Parallelism,
@@ -356,3 +360,56 @@ def test_submodule_state_dict_matches_the_oracle(world, name, options, keep_pref
     expected = ri.get_model_state_dict(model, submodules={fc2}, options=ours)
     assert_trees_identical(got, expected)
     assert sorted(expected) == (["fc2.bias", "fc2.weight"] if keep_prefixes else ["bias", "weight"])
+
+
+# The deprecated calls upstream warns about, each with the FutureWarning it must give.
+DEPRECATED_CALLS = {
+    "submodules_get": "Getting submodules only model/optim state_dict is deprecated",
+    "submodule_keyed_set": "Passing model_state_dict as a ",
+}
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("call", sorted(DEPRECATED_CALLS))
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_a_deprecated_selection_warns_and_still_works(world, name, call):
+    """``submodules=`` in a get, and a set keyed by submodule, warn with ``FutureWarning``
+    for as long as they ship, and still give and load ``fc2``'s own state."""
+    model, _ = build(PARALLELISMS[name], world)
+    fc2 = _submodule(model, "fc2")
+    options = dsd.StateDictOptions(keep_submodule_prefixes=False)
+    unprefixed = ri.StateDictOptions(keep_submodule_prefixes=False)
+    expected = ri.get_model_state_dict(model, submodules={fc2}, options=unprefixed)
+    if call == "submodules_get":
+        with pytest.warns(FutureWarning, match=DEPRECATED_CALLS[call]):
+            got = dsd.get_model_state_dict(model, submodules={fc2}, options=options)
+    else:
+        loaded = {key: value.detach().clone() for key, value in expected.items()}
+        with torch.no_grad():
+            for parameter in fc2.parameters():
+                parameter.zero_()
+        with pytest.warns(FutureWarning, match=DEPRECATED_CALLS[call]):
+            dsd.set_model_state_dict(
+                model, {fc2: loaded}, options=dsd.StateDictOptions(strict=False)
+            )
+        got = ri.get_model_state_dict(model, submodules={fc2}, options=unprefixed)
+    assert_trees_identical(got, expected)
+
+
+@pytest.mark.world(2)
+def test_fsdp1s_state_dict_type_warns_and_get_model_state_dict_does_not(world):
+    """``FSDP.state_dict_type`` is deprecated with a ``FutureWarning``; the call that replaces
+    it, ``get_model_state_dict``, gives none."""
+    model, _ = build(PARALLELISMS["fsdp1_full_shard_orig"], world)
+    state_dict_type = fsdp.get("FullyShardedDataParallel.state_dict_type")
+    deprecated = r"FSDP.state_dict_type\(\) and FSDP.set_state_dict_type\(\) are being deprecated"
+    with (
+        pytest.warns(FutureWarning, match=deprecated),
+        state_dict_type(model, fsdp.StateDictType.FULL_STATE_DICT),
+    ):
+        model.state_dict()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dsd.get_model_state_dict(model)
+    warned = [str(w.message) for w in caught if re.search(deprecated, str(w.message))]
+    assert not warned, f"rank {world.rank}: get_model_state_dict warned {warned}"

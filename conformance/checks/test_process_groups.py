@@ -9,7 +9,9 @@ keys in different orders.
 - **A group without global rank 0.** On a 2 x 2 mesh each row saves and loads a checkpoint
   of its own over its own group (``process_group=``): rows ``{0, 1}`` and ``{2, 3}`` at
   once. The second row's coordinator is global rank 2 (pytorch#152310 broadcast from global
-  rank 0). Every value comes back, and each checkpoint holds its row's keys alone.
+  rank 0). Every value comes back, and each checkpoint holds its row's keys alone, also when
+  saved with ``use_collectives=False`` (each rank records its own writes, and ``dcp.load``
+  reads those records).
 - **Another coordinator.** ``save_state_dict`` and ``load_state_dict`` (deprecated, still
   shipped) take ``coordinator_rank``; with the last rank as coordinator the checkpoint must
   read back as one saved by ``dcp.save`` does.
@@ -31,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import reference_impl as ri
-from conformance._upstream import dcp, dtensor, quiet_deprecations
+from conformance._upstream import dcp, dtensor, quiet_deprecations, with_parameters
 from conformance.compare import assert_trees_identical, every_rank
 from conformance.models.common import seeded_mlp
 from conformance.models.optimizers import adam
@@ -100,20 +102,27 @@ def _row_state(mesh: Any, row: int, fill: float) -> dict[str, Any]:
 
 
 @pytest.mark.world(4)
-def test_a_group_without_global_rank_0_saves_and_loads_its_own_checkpoint(world):
+@pytest.mark.parametrize("collectives", [True, False], ids=["collectives", "no_collectives"])
+def test_a_group_without_global_rank_0_saves_and_loads_its_own_checkpoint(world, collectives):
     mesh = world.mesh((2, 2), ("row", "column"))
     row = world.rank // 2
     row_mesh = mesh["column"]
     group = row_mesh.get_group()
     checkpoint = str(world.tmp_path / f"row{row}")
     saved = _row_state(row_mesh, row, 1.0)
-    dcp.save(saved, checkpoint_id=checkpoint, process_group=group)
+    save = dcp.save if collectives else with_parameters(dcp.save, "use_collectives")
+    save_options = {} if collectives else {"use_collectives": False}
+    save(saved, checkpoint_id=checkpoint, process_group=group, **save_options)
     loaded = _row_state(row_mesh, row, 0.0)
     dcp.load(loaded, checkpoint_id=checkpoint, process_group=group)
     assert_trees_identical(loaded, saved, f"rank {world.rank}, row {row}")
 
     world.barrier()
-    keys = set(dcp.FileSystemReader(checkpoint).read_metadata().state_dict_metadata)
+    reader = dcp.FileSystemReader(checkpoint)
+    if collectives:
+        keys = set(reader.read_metadata().state_dict_metadata)
+    else:  # each rank recorded its own writes, in ``__<rank in the group>.metadata``
+        keys = {key for r in (0, 1) for key in reader.read_metadata(rank=r).state_dict_metadata}
     row_ranks = (2 * row, 2 * row + 1)
     expected = {f"row{row}.sharded", f"row{row}.replicated"} | {
         key

@@ -20,6 +20,11 @@ Each cached save must hold what the fresh one holds, bit for bit, read back whol
 class of its own per test: the caches are kept per planner class, for the life of the
 process, and a persistent rank process runs many tests.
 
+**Plans refused.** A custom planner's local plan that claims rows its rank does not hold
+(overlapping the previous rank's, past the tensor's end, or leaving a row no piece holds) is
+refused by the global plan's validation on every rank, naming the key, and no ``.metadata``
+is written.
+
 **Metadata.** A save of the cell's model and optimizer state through ``FileSystemWriter``:
 
 - every key any rank saved is recorded, a tensor with its global size and dtype, any other
@@ -38,6 +43,7 @@ process, and a persistent rank process runs many tests.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from itertools import combinations
@@ -47,11 +53,11 @@ from typing import Any
 import pytest
 import torch
 
-from conformance._upstream import dcp, dcp_filesystem, dcp_metadata
+from conformance._upstream import dcp, dcp_filesystem, dcp_metadata, dtensor
 from conformance.cells import PARALLELISMS, exists_at_size, first_size_and_four, with_role
 from conformance.compare import every_rank
 from conformance.models.common import train
-from conformance.training import read_whole, trained, training_state
+from conformance.training import read_whole, refusal_of, trained, training_state
 from conformance.training._trajectory import differences
 
 CELLS = with_role("golden")
@@ -273,3 +279,67 @@ def _assert_storage_meta(world: Any, path: Path, writer: Any, reader: Any, metad
         f"rank {world.rank}: storage_meta's save_id {meta.save_id}, the coordinator "
         f"writer's {coordinator_save_id}"
     )
+
+
+# How the last rank's planner spoils its piece of ``SPOILED``: rows moved onto the previous
+# rank's, past the tensor's end, or a row fewer (a row no piece holds).
+PLAN_SPOILS = ("overlapping", "out_of_bounds", "a_row_missing")
+SPOILED = "rows"
+
+
+def _spoiling_planner(spoil: str, last: bool) -> Any:
+    """A ``DefaultSavePlanner`` whose local plan, on the last rank, claims other rows of
+    ``SPOILED`` than the rank holds: what a custom planner's bug gives."""
+
+    class Spoiling(dcp.DefaultSavePlanner):  # type: ignore[misc,name-defined]
+        def create_local_plan(self) -> Any:
+            plan = super().create_local_plan()
+            if not last:
+                return plan
+            return dataclasses.replace(plan, items=[_spoiled(item, spoil) for item in plan.items])
+
+    return Spoiling()
+
+
+def _spoiled(item: Any, spoil: str) -> Any:
+    if item.index.fqn != SPOILED:
+        return item
+    chunk = item.tensor_data.chunk
+    row, rows = chunk.offsets[0], chunk.sizes[0]
+    if spoil == "overlapping":
+        row -= 1
+    elif spoil == "out_of_bounds":
+        row += 2
+    else:
+        rows -= 1
+    moved = dataclasses.replace(
+        chunk,
+        offsets=torch.Size([row, *chunk.offsets[1:]]),
+        sizes=torch.Size([rows, *chunk.sizes[1:]]),
+    )
+    data = dataclasses.replace(item.tensor_data, chunk=moved)
+    return dataclasses.replace(
+        item, index=dataclasses.replace(item.index, offset=moved.offsets), tensor_data=data
+    )
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("spoil", PLAN_SPOILS)
+def test_a_plan_whose_pieces_overlap_or_leave_a_gap_is_refused(world, spoil):
+    """Each rank holds two rows of an ``(2 * size, 3)`` DTensor; the last rank's planner
+    spoils its piece. The global plan's validation must refuse the save on every rank, naming
+    the key, before any ``.metadata`` is written."""
+    mesh = world.mesh(world.size)
+    state = {
+        SPOILED: dtensor.distribute_tensor(
+            torch.arange(6.0 * world.size).reshape(2 * world.size, 3), mesh, [dtensor.Shard(0)]
+        )
+    }
+    path = world.tmp_path / f"spoiled-{spoil}"
+    planner = _spoiling_planner(spoil, world.rank == world.size - 1)
+    refused = refusal_of(lambda: dcp.save(state, checkpoint_id=str(path), planner=planner))
+    assert refused is not None, f"rank {world.rank}: the {spoil} plan was saved"
+    assert "Failed to validate global plan" in str(refused), f"rank {world.rank}: {refused}"
+    assert f"key:{SPOILED}" in str(refused), f"rank {world.rank}: the error names no key"
+    world.barrier()
+    assert not (path / ".metadata").exists(), f"rank {world.rank}: the refused save wrote .metadata"
