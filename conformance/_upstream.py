@@ -196,6 +196,17 @@ dcp_default_planner = TorchModule(
 dcp_planner_helpers = TorchModule(
     "torch.distributed.checkpoint.planner_helpers", ("create_read_items_for_chunk_list",)
 )
+# Joins a ``sharded`` Hugging Face save's files, each rank writing its share (what recipes
+# call after training; its module is private, its function the one upstream documents).
+dcp_consolidate = TorchModule(
+    "torch.distributed.checkpoint._consolidate_hf_safetensors",
+    ("consolidate_safetensors_files_on_every_rank",),
+)
+# Reads a checkpoint's keys into an empty dict, no template needed (private, what recipes
+# call to read a published model whole).
+dcp_loader = TorchModule(
+    "torch.distributed.checkpoint.state_dict_loader", ("_load_state_dict_from_keys",)
+)
 dcp_utils = TorchModule(
     "torch.distributed.checkpoint.utils", ("find_state_dict_object", "find_tensor_shard")
 )
@@ -301,6 +312,8 @@ MODULES: tuple[TorchModule, ...] = (
     dcp_default_planner,
     dcp_planner_helpers,
     dcp_utils,
+    dcp_loader,
+    dcp_consolidate,
     dcp_fsspec,
     dcp_saver,
     dcp_staging,

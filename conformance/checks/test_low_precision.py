@@ -1,8 +1,8 @@
 """Low-precision tensors keep their values, their dtype and their size through every save and
 load path.
 
-bf16 and fp16 exports, fp8 weights and int8 ones are saved and read by the paths fp32 state
-takes. Here each golden cell's model state (and one process's), cast to a dtype of
+bf16 and fp16 exports, fp8 weights, int8 ones and bool masks are saved and read by the paths
+fp32 state takes. Here each golden cell's model state (and one process's), cast to a dtype of
 ``DTYPES``, goes through one path of ``PATHS``:
 
 - ``dcp``: ``dcp.save``, then ``dcp.load`` into zeros of the same placements;
@@ -20,10 +20,11 @@ tensor's bytes in that dtype, no wider and no more:
   ``torch.load(weights_only=True)``, is a tensor of that dtype and of the chunk's size whose
   storage holds its elements alone (DCP clones a view of a larger storage before it writes);
 - ``safetensors``: the file's header names the dtype (``BF16``, ``F16``, ``F8_E4M3``,
-  ``F8_E5M2``, ``I8``) and gives each tensor ``numel * itemsize`` bytes;
+  ``F8_E5M2``, ``I8``, ``BOOL``) and gives each tensor ``numel * itemsize`` bytes;
 - ``torch_save``: each tensor read back has a storage of the saved tensor's size.
 
-int8 values are the fp32 ones times ``INT8_SCALE``, truncated, so that they span the type.
+int8 values are the fp32 ones times ``INT8_SCALE``, truncated, so that they span the type;
+bool ones are the fp32 ones' signs.
 Every golden cell but FSDP1's at its first size, and one process.
 """
 
@@ -52,6 +53,7 @@ DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
     "int8": torch.int8,
+    "bool": torch.bool,
 }
 # safetensors' name of each dtype (its format's specification).
 SAFETENSORS_DTYPES = {
@@ -60,6 +62,7 @@ SAFETENSORS_DTYPES = {
     torch.float8_e4m3fn: "F8_E4M3",
     torch.float8_e5m2: "F8_E5M2",
     torch.int8: "I8",
+    torch.bool: "BOOL",
 }
 INT8_SCALE = 64
 # FSDP1's model state is ShardedTensors, which have no arithmetic (an int8 cast scales) nor a
@@ -111,7 +114,12 @@ def _model(world: Any, name: str) -> torch.nn.Module:
 
 
 def _cast(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """Each floating tensor of ``state`` (plain or DTensor) as ``dtype``; int8 scaled first."""
+    """Each floating tensor of ``state`` (plain or DTensor) as ``dtype``: int8 scaled first,
+    bool the values' signs (a mask)."""
+    if dtype == torch.bool:
+        return {
+            key: value.detach() > 0 for key, value in state.items() if value.is_floating_point()
+        }
     scale = INT8_SCALE if dtype == torch.int8 else 1
     return {
         key: (value.detach() * scale).to(dtype)

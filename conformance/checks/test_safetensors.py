@@ -10,7 +10,7 @@ Each cell trains ``SAVED_AFTER`` steps and saves its model's state through
   each key to its file.
 - ``sharded``: every rank writes its pieces, not joined.
 - ``rank0_full``: the full state dict saved by rank 0 alone (``no_dist``), as a model is
-  published, in ``model-00001-of-00001.safetensors``.
+  published, split over the same two files by ``fqn_to_index_mapping``.
 
 The state is saved in ``float32`` and, cast piece by piece, in ``bfloat16``. Where the files
 hold whole tensors (``consolidated``, ``rank0_full``), the ``safetensors`` package reads them
@@ -20,7 +20,13 @@ single-process state after ``SAVED_AFTER`` steps, within the cell's tolerance. T
 the file each key lies in, and its ``total_size`` the bytes the tensors hold.
 
 A file that ``safetensors.torch.save_file`` wrote on rank 0 (no DCP metadata, no index), of
-the single-process state, loads the same way into every cell.
+the single-process state, loads the same way into every cell; the reader's ``read_metadata``
+describes each key as one whole chunk of its size and dtype.
+
+A ``sharded`` save's files are named ``shard-<rank>-model-<i>-of-<n>.safetensors``, each with
+the keys mapped to file ``i``. ``consolidate_safetensors_files_on_every_rank`` joins them at 2
+and 4 ranks, into two files and into one (where ranks without a file wait): the files and
+index hold the model's full state.
 
 In every layout, fresh objects of the same cell load the files through
 ``HuggingFaceStorageReader`` into their own (sharded) state dict. The model then holds exactly
@@ -34,14 +40,22 @@ is seen by this module only.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 import torch
 
-from conformance._upstream import dcp, dsd, full_options, with_parameters
-from conformance.cells import PARALLELISMS, comparison_tolerance, exists_at_size
+from conformance._upstream import (
+    dcp,
+    dcp_consolidate,
+    dcp_loader,
+    dsd,
+    full_options,
+    with_parameters,
+)
+from conformance.cells import PARALLELISMS, comparison_tolerance, exists_at_size, with_role
 from conformance.compare import assert_state_dict_equal, held_part, whole_model_state
 from conformance.models.optimizers import OPTIMIZERS
 from conformance.models.zoo import truth_of
@@ -83,7 +97,8 @@ def _save(
     full = whole_model_state(dsd.get_model_state_dict(model, options=full_options()))
     if layout == "rank0_full":
         if world.rank == 0:
-            writer = writer_class(str(path))
+            mapping = {key: _file_index(key) for key in full}
+            writer = writer_class(str(path), fqn_to_index_mapping=mapping)
             dcp.save(_cast(full, dtype), storage_writer=writer, no_dist=True)
         world.barrier()
         return full
@@ -136,7 +151,7 @@ def test_safetensors_hold_the_model_and_load_into_the_cell(world, cell, layout, 
     assert_state_dict_equal(trained, truth, **comparison_tolerance(parallelism))
     expected = _cast(trained, DTYPES[dtype])
     if layout != "sharded" and world.rank == 0:
-        _assert_files_hold(path, expected, files=2 if layout == "consolidated" else 1)
+        _assert_files_hold(path, expected, files=2)
     model, _, _ = fresh_training(parallelism, world, RECIPE)
     state = _cast(dsd.get_model_state_dict(model), DTYPES[dtype])
     dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
@@ -161,6 +176,7 @@ def test_a_file_safetensors_wrote_loads_into_the_cell(world, cell):
         published = {key: value.contiguous() for key, value in truth.items()}
         safetensors_torch.save_file(published, str(path / "model.safetensors"))
     world.barrier()
+    _assert_read_metadata_describes(reader_class(str(path)).read_metadata(), truth)
     model, _, _ = fresh_training(parallelism, world, RECIPE)
     state = dsd.get_model_state_dict(model)
     dcp.load(state, storage_reader=reader_class(str(path)))
@@ -168,3 +184,79 @@ def test_a_file_safetensors_wrote_loads_into_the_cell(world, cell):
     loaded = dsd.get_model_state_dict(model, options=full_options())
     expected = {key: value.to(world.device) for key, value in held_part(truth, model).items()}
     assert_state_dict_equal(loaded, expected)
+
+
+def _assert_read_metadata_describes(metadata: Any, published: dict[str, torch.Tensor]) -> None:
+    """The reader's ``Metadata`` of a file without DCP's: each key a tensor of its size and
+    dtype, held in one chunk at offset zero."""
+    described = {
+        key: (
+            tuple(value.size),
+            value.properties.dtype,
+            [(tuple(c.offsets), tuple(c.sizes)) for c in value.chunks],
+        )
+        for key, value in metadata.state_dict_metadata.items()
+    }
+    expected = {
+        key: (tuple(value.shape), value.dtype, [((0,) * value.dim(), tuple(value.shape))])
+        for key, value in published.items()
+    }
+    assert described == expected, f"read_metadata describes {described}, the file holds {expected}"
+
+
+SHARD_FILE = re.compile(r"shard-(\d{5})-model-(\d{5})-of-(\d{5})\.safetensors")
+
+
+@pytest.mark.world(2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("files", [1, 2])
+@pytest.mark.parametrize("cell", with_role("golden"))
+def test_sharded_safetensors_consolidate_on_every_rank(world, cell, files):
+    """A ``sharded`` save names each rank's files ``shard-<rank>-model-<i>-of-<n>`` (ranks and
+    files counted from 1), each holding the keys ``fqn_to_index_mapping`` puts in file ``i``.
+    ``consolidate_safetensors_files_on_every_rank`` then joins them on every rank, each
+    writing its share of the output files (into one file, the ranks without a file wait):
+    the files and index hold the model's full state."""
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    consolidate = dcp_consolidate.consolidate_safetensors_files_on_every_rank
+    path, out = world.tmp_path / "sharded", world.tmp_path / "consolidated"
+    full = _save(world, cell, "sharded", torch.float32, path)
+    world.barrier()
+    if world.rank == 0:
+        for file in sorted(path.glob("*.safetensors")):
+            named = SHARD_FILE.fullmatch(file.name)
+            assert named is not None, f"the sharded save wrote {file.name}"
+            shard, part, parts = (int(group) for group in named.groups())
+            assert 1 <= shard <= world.size, f"the sharded save wrote {file.name}"
+            assert parts == 2, f"the sharded save wrote {file.name}"
+            keys = set(safetensors_torch.load_file(str(file)))
+            misplaced = sorted(key for key in keys if _file_index(key) != part)
+            assert not misplaced, f"{file.name} holds {misplaced}, mapped to another file"
+    mapping = {key: 1 if files == 1 else _file_index(key) for key in full}
+    out.mkdir(exist_ok=True)  # the output folder is the caller's to make
+    consolidate(str(path), str(out), mapping)
+    world.barrier()
+    if world.rank == 0:
+        _assert_files_hold(out, full, files=files)
+
+
+@pytest.mark.world(1)
+@pytest.mark.parametrize("keys", ["every_key", "fc2_only"])
+def test_a_safetensors_checkpoint_reads_into_an_empty_dict(world, keys):
+    """``_load_state_dict_from_keys`` reads a Hugging Face checkpoint with no template: every
+    key (or those asked for) as the whole tensor the file holds."""
+    pytest.importorskip("safetensors")
+    writer_class = dcp.HuggingFaceStorageWriter  # skips where the build lacks it
+    state = truth_of(
+        PARALLELISMS["ddp"], SAVED_AFTER, OPTIMIZERS[RECIPE], torch.device("cpu")
+    ).model
+    path = world.tmp_path / "published"
+    dcp.save(state, storage_writer=writer_class(str(path)), no_dist=True)
+    asked = None if keys == "every_key" else {"fc2.weight", "fc2.bias"}
+    read = dcp_loader._load_state_dict_from_keys(
+        asked, storage_reader=dcp.HuggingFaceStorageReader(str(path))
+    )
+    expected = state if asked is None else {key: state[key] for key in asked}
+    assert sorted(read) == sorted(expected), f"read the keys {sorted(read)}"
+    assert_state_dict_equal(read, expected)
