@@ -165,7 +165,7 @@ def _declared() -> list[Parallelism]:
 
 # Each FSDP1 cell's partners in the checks that load into another cell.
 _FSDP1_PARTNERS: dict[str, tuple[Partner, ...]] = {
-    "fsdp1_full_shard_orig": (Partner("fsdp2", 2, _FOUR_TO),),
+    "fsdp1_full_shard_orig": (Partner("fsdp2", 2, _FOUR_TO), Partner("tp", 4, ("resume",))),
     "fsdp1_full_shard_flat": (
         Partner("fsdp2", 2, ("dcp",)),
         Partner("single", 1, ("dcp",)),

@@ -24,6 +24,10 @@ state flattened. That is the form upstream gives for MPMD
 The two ways that cross forms do not apply to parts: they are not collected at the sizes
 where ``pp`` and ``ep`` split the model.
 
+The ``Stateful`` ways also go through ``async_save`` (thread and process checkpointers) on
+the golden cells, beside a ``Stateful`` holding a tensor and a train state holding a
+``BytesIO``: each comes back from ``dcp.load`` as saved, and the run resumes as one process.
+
 Loads of part of a checkpoint:
 
 - A checkpoint of the model and the optimizer, of which the model's state alone is loaded
@@ -47,12 +51,14 @@ first key the checkpoint lacks) is seen by this module only.
 from __future__ import annotations
 
 import copy
+import io
 import re
 from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from conformance._upstream import dcp, dsd, full_options
@@ -61,17 +67,26 @@ from conformance.cells import (
     Parallelism,
     comparison_tolerance,
     exists_at_size,
+    with_role,
 )
-from conformance.compare import assert_state_dict_equal, holds_a_part, local_copy
+from conformance.compare import (
+    assert_state_dict_equal,
+    assert_trees_identical,
+    holds_a_part,
+    local_copy,
+)
 from conformance.models.common import train
 from conformance.models.optimizers import OPTIMIZERS
 from conformance.models.zoo import truth_of
 from conformance.training import (
+    CHECKPOINTERS,
     MORE_STEPS,
     Training,
     assert_full_state_is_single_process,
     fresh_training,
     save_checkpoint,
+    skip_unless_checkpointer,
+    start_async_save,
     trained,
 )
 
@@ -179,6 +194,59 @@ def test_each_documented_way_resumes_as_one_process(world, cell, way):
             f"rank {world.rank}: dcp.load replaced the {type(value).__name__} under {key!r} "
             "instead of loading into it"
         )
+    _put_back(way, resuming, template)
+    train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
+    assert_full_state_is_single_process(
+        resuming,
+        SAVED_AFTER + MORE_STEPS,
+        RECIPE,
+        model_id=parallelism.model_id,
+        **comparison_tolerance(parallelism),
+    )
+
+
+class _Counter:
+    """A ``Stateful`` beside the training state: a tensor of its own."""
+
+    def __init__(self, value: float) -> None:
+        self.value = torch.full((3,), value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["value"].clone()
+
+
+def _beside(value: float) -> dict[str, Any]:
+    """What upstream's end-to-end save holds beside the model: a ``Stateful`` holding a tensor
+    and a train state holding a ``BytesIO``."""
+    blob = io.BytesIO()
+    torch.save({"step": int(value)}, blob)
+    return {"counter": _Counter(value), "train_state": {"step": torch.tensor(value), "blob": blob}}
+
+
+@pytest.mark.world(2, 4, applies=exists_at_size("cell"))
+@pytest.mark.parametrize("checkpointer", CHECKPOINTERS)
+@pytest.mark.parametrize("way", ["app_state", "patched"])
+@pytest.mark.parametrize("cell", with_role("golden"))
+def test_an_async_save_of_stateful_objects_resumes_as_one_process(world, cell, way, checkpointer):
+    """``async_save`` of the ``Stateful`` ways, beside a ``Stateful`` holding a tensor and a
+    train state holding a ``BytesIO``, with the thread and the process checkpointer: ``dcp.load``
+    brings every object back as saved, and the run resumes as one process trains."""
+    parallelism = PARALLELISMS[cell]
+    parallelism.skip_unless_runnable(world.device)
+    skip_unless_checkpointer(checkpointer)
+    path = world.tmp_path / "checkpoint"
+    saving = trained(parallelism, world, RECIPE, SAVED_AFTER)
+    group = dist.new_group(backend="gloo")
+    state = {**_checkpointed(way, saving), **_beside(7.0)}
+    start_async_save(state, path, None, checkpointer, group).finish()
+    resuming = fresh_training(parallelism, world, RECIPE)
+    template = {**_checkpointed(way, resuming), **_beside(0.0)}
+    dcp.load(template, checkpoint_id=str(path))
+    assert_trees_identical(template["counter"].value, torch.full((3,), 7.0))
+    assert_trees_identical(template["train_state"], _beside(7.0)["train_state"])
     _put_back(way, resuming, template)
     train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
     assert_full_state_is_single_process(
