@@ -32,7 +32,10 @@ The cases run on upstream's small models (``conformance/models/fsdp1_small.py``)
 - ignored modules, saved uncopied and uncast, with a key prefix;
 - the config type check, the context manager's restore, and clean missing/unexpected keys;
 - LOCAL with empty ranks, through ``torch.save``, and re-cut from 4 ranks to 2;
-- SHARDED in one-rank groups and in a ``cpu:gloo`` multi-backend group.
+- SHARDED in one-rank groups and in a ``cpu:gloo`` multi-backend group (as saved and moved to
+  the CPU);
+- LOCAL and SHARDED state through ``dcp.save`` and ``dcp.load`` into another model, and
+  SHARDED state saved at 4 ranks loaded into models sharded over the even and the odd ranks.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from torch import nn
 import reference_impl as ri
 from conformance._upstream import (
     activation_checkpointing,
+    dcp,
     ddp,
     fsdp,
     fsdp_wrap,
@@ -690,8 +694,45 @@ def test_sharded_load_with_a_multi_backend_group(world):
     source = make()
     saved = _saved(source, "sharded", world.device)
     on_cpu = {key: value.cpu() for key, value in saved.items()}
-    for loader, load in LOADERS.items():
-        fresh = _zeroed(make())
-        load(fresh, copy.copy(on_cpu), "sharded", group=group)
-        with _loaded_by(loader):
-            assert_state_dict_equal(_values(fresh), _values(source))
+    for where, given in (("as saved", saved), ("moved to the CPU", on_cpu)):
+        for loader, load in LOADERS.items():
+            fresh = _zeroed(make())
+            load(fresh, copy.copy(given), "sharded", group=group)
+            with _loaded_by(f"{loader}, {where}"):
+                assert_state_dict_equal(_values(fresh), _values(source))
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("kind", ["local", "sharded"])
+def test_a_dcp_checkpoint_of_fsdp1s_own_state_dict_loads_into_another_model(world, kind):
+    """Upstream's distributed-checkpoint flow: ``model.state_dict()`` under LOCAL (flat
+    parameters' shards) or SHARDED state, saved by ``dcp.save``, read by ``dcp.load`` into a
+    zeroed model's state dict of the same type and loaded by ``load_state_dict``: the model
+    holds the saved one's values, at 2 and 4 ranks."""
+    source = _trained_inner_outer(world, "fsdp")
+    path = world.tmp_path / f"fsdp1-{kind}"
+    dcp.save(torch_model_state_dict(source, kind, world.device), checkpoint_id=str(path))
+    fresh = _zeroed(small.fsdp1(small.InnerOuter(world.device, inner_fsdp=True), world.device))
+    _assert_differs(fresh, _values(source))
+    template = torch_model_state_dict(fresh, kind, world.device)
+    dcp.load(template, checkpoint_id=str(path))
+    _torch_load(fresh, template, kind)
+    assert_state_dict_equal(_values(fresh), _values(source))
+
+
+@pytest.mark.world(4)
+def test_a_sharded_checkpoint_loads_into_fsdp1_over_other_groups(world):
+    """Upstream's resharding flow: SHARDED state saved by ``dcp.save`` at 4 ranks, then read
+    by one ``dcp.load`` over the world into FSDP1 models each sharded over a group of its own
+    (the even ranks, the odd ranks): every model holds the saved values."""
+    source = _trained_inner_outer(world, "fsdp")
+    path = world.tmp_path / "fsdp1-sharded"
+    dcp.save(torch_model_state_dict(source, "sharded", world.device), checkpoint_id=str(path))
+    groups = [dist.new_group(list(range(parity, world.size, 2))) for parity in (0, 1)]
+    group = groups[world.rank % 2]
+    inner = small.InnerOuter(world.device, inner_fsdp=True, group=group)
+    fresh = _zeroed(small.fsdp1(inner, world.device, process_group=group))
+    template = torch_model_state_dict(fresh, "sharded", world.device)
+    dcp.load(template, checkpoint_id=str(path))
+    _torch_load(fresh, template, "sharded", group=group)
+    assert_state_dict_equal(_values(fresh), _values(source))
