@@ -207,6 +207,10 @@ dcp_consolidate = TorchModule(
 dcp_loader = TorchModule(
     "torch.distributed.checkpoint.state_dict_loader", ("_load_state_dict_from_keys",)
 )
+# The older way to read FSDP1's sharded optimizer state back from a DCP checkpoint.
+dcp_optimizer = TorchModule(
+    "torch.distributed.checkpoint.optimizer", ("load_sharded_optimizer_state_dict",)
+)
 dcp_utils = TorchModule(
     "torch.distributed.checkpoint.utils", ("find_state_dict_object", "find_tensor_shard")
 )
@@ -312,6 +316,7 @@ MODULES: tuple[TorchModule, ...] = (
     dcp_default_planner,
     dcp_planner_helpers,
     dcp_utils,
+    dcp_optimizer,
     dcp_loader,
     dcp_consolidate,
     dcp_fsspec,

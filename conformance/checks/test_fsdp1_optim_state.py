@@ -13,6 +13,10 @@ cell's smallest world size; Adam runs at 4 ranks as well. After two training ste
   was saved.
 - No two state tensors of one rank's result may share memory (every cell by config): an
   optimizer that loads them updates each in place.
+- The older DCP flow: SHARDED model and optimizer state saved by ``dcp.save`` (locally and
+  through fsspec), the optimizer's read back by ``load_sharded_optimizer_state_dict`` and
+  converted by ``FSDP.optim_state_dict_to_load``, on every FSDP1 cell and FSDP1 + TP: the
+  fresh optimizer holds the saved state.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 import pytest
 
 import reference_impl as ri
-from conformance._upstream import fsdp
+from conformance._upstream import dcp, dcp_fsspec, dcp_optimizer, fsdp
 from conformance.cells import PARALLELISMS, exists_at_size, first_size_only
 from conformance.compare import (
     assert_no_state_tensors_overlap,
@@ -36,6 +40,8 @@ from conformance.training import (
     FSDP1_CELLS,
     OPTIM_ORACLE_OPTIONS,
     state_names_sorted,
+    torch_model_load,
+    torch_model_state_dict,
     under_optim_settings,
 )
 
@@ -137,3 +143,60 @@ def test_the_oracle_refuses_originals_of_one_flat_parameter_at_different_steps(w
     saved["state"]["fc1.bias"]["step"] = saved["state"]["fc1.bias"]["step"] + 1
     with pytest.raises(ValueError, match=r"'fc1\.bias'.*step must be one zero-dim value"):
         ri.fsdp_optim_state_dict_to_load(model, optimizer, saved)
+
+
+LEGACY_STORES = ("local", "fsspec")
+
+
+@pytest.mark.world(2, 4, applies=exists_at_size())
+@pytest.mark.parametrize("store", LEGACY_STORES)
+@pytest.mark.parametrize("name", FSDP1_CELLS)
+def test_the_legacy_sharded_optimizer_loader_restores_the_saved_state(world, name, store):
+    """Upstream's older DCP flow for FSDP1 (and FSDP1 + TP): SHARDED model state and
+    ``FSDP.optim_state_dict`` saved by ``dcp.save``; a fresh model loads its state by
+    ``dcp.load``, its optimizer state by ``load_sharded_optimizer_state_dict`` and
+    ``FSDP.optim_state_dict_to_load``. Through ``FileSystemWriter`` and through fsspec's
+    writer and reader (``file://``), the fresh optimizer holds the saved state."""
+    model, optimizer = _trained(world, name, "adam")
+    save = fsdp.FullyShardedDataParallel.optim_state_dict
+    path = world.tmp_path / "legacy"
+    writer, reader = _legacy_storage(store, path)
+    state = {
+        "model": torch_model_state_dict(model, "sharded", world.device),
+        "optim": under_optim_settings(model, "sharded", lambda: save(model, optimizer)),
+    }
+    dcp.save(state, storage_writer=writer)
+    expected = ri.fsdp_optim_state_dict(model, optimizer)
+    fresh = PARALLELISMS[name].parallelise(seeded_mlp(), world)
+    fresh_optimizer, _ = OPTIMIZERS["adam"].build(fresh)
+    template = {"model": torch_model_state_dict(fresh, "sharded", world.device)}
+    dcp.load(template, storage_reader=reader)
+    torch_model_load(fresh, template["model"], "sharded")
+    loaded = dcp_optimizer.load_sharded_optimizer_state_dict(
+        model_state_dict=template["model"], optimizer_key="optim", storage_reader=reader
+    )
+    to_load = under_optim_settings(
+        fresh,
+        "sharded",
+        lambda: fsdp.FullyShardedDataParallel.optim_state_dict_to_load(
+            fresh, fresh_optimizer, loaded["optim"]
+        ),
+    )
+    fresh_optimizer.load_state_dict(to_load)
+    assert_trees_identical(
+        _groups_keys_sorted(state_names_sorted(ri.fsdp_optim_state_dict(fresh, fresh_optimizer))),
+        _groups_keys_sorted(state_names_sorted(expected)),
+    )
+
+
+def _groups_keys_sorted(optim_state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Each param group's entries in name order: a loaded group's order is no contract."""
+    groups = [dict(sorted(group.items())) for group in optim_state_dict["param_groups"]]
+    return {**optim_state_dict, "param_groups": groups}
+
+
+def _legacy_storage(store: str, path: Any) -> tuple[Any, Any]:
+    if store == "local":
+        return dcp.FileSystemWriter(str(path)), dcp.FileSystemReader(str(path))
+    url = f"file://{path}"
+    return dcp_fsspec.FsspecWriter(url), dcp_fsspec.FsspecReader(url)
