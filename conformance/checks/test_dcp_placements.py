@@ -15,8 +15,10 @@ filled with NaN (or -1), so that a piece the load leaves unread shows. The layou
   same rows the other way round.
 
 Every saved layout loads into every layout at 1, 2 and 4 ranks. A checkpoint saved at 4 ranks
-loads on 2 ranks and on 1 (``no_dist``) into every layout there. What each rank holds
-afterwards is compared with its piece of the saved tensor, key by key, bit for bit.
+loads on 2 ranks and on 1 (``no_dist``) into every layout there. The DTensor layouts on 1-D
+and 2-D meshes also go through sharded safetensors (``HuggingFaceStorageWriter`` with
+``save_distributed``, read by ``HuggingFaceStorageReader``), each into every other. What each
+rank holds afterwards is compared with its piece of the saved tensor, key by key, bit for bit.
 
 The mutant ``resharding_reads_matrices_only`` is a resharding read that intersects chunks on
 their first two dimensions only, as a planner written for matrices would. Only the 3-D tensor
@@ -32,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 
-from conformance._upstream import dcp, dtensor, dtensor_placements, sharded_tensor
+from conformance._upstream import dcp, dtensor, dtensor_placements, sharded_tensor, with_parameters
 from conformance.cells import SubWorld
 from conformance.compare import assert_state_dict_equal
 from conformance.training import load_options_for
@@ -192,10 +194,14 @@ def _save(layout: Layout, placer: Placer, path: str) -> None:
     dcp.save(placer.state(layout, lambda full: full), checkpoint_id=path)
 
 
-def _load_and_check(layout: Layout, placer: Placer, path: str, **load: Any) -> None:
-    """Load ``path`` into ``layout``'s templates; each rank holds its piece of each tensor."""
+def _dcp_load(path: str, **load: Any) -> Callable[[Any], None]:
+    return lambda template: dcp.load(template, checkpoint_id=path, **load)
+
+
+def _load_and_check(layout: Layout, placer: Placer, read: Callable[[Any], None]) -> None:
+    """``read`` into ``layout``'s templates; each rank holds its piece of each tensor."""
     template = placer.state(layout, _unread)
-    dcp.load(template, checkpoint_id=path, **load)
+    read(template)
     try:
         assert_state_dict_equal(
             {name: _pieces(value) for name, value in template["layer"].items()},
@@ -217,7 +223,7 @@ def test_a_checkpoint_loads_under_another_placement(world, saved, loaded):
     path = str(world.tmp_path / "checkpoint")
     placer = Placer(world)
     _save(LAYOUTS[saved], placer, path)
-    _load_and_check(LAYOUTS[loaded], placer, path)
+    _load_and_check(LAYOUTS[loaded], placer, _dcp_load(path))
 
 
 @pytest.mark.world(4)
@@ -235,6 +241,40 @@ def test_a_checkpoint_saved_at_4_ranks_loads_at_fewer_under_every_placement(
             placer = Placer(loaders, loaders.group)
             for layout in LAYOUTS.values():
                 if layout.exists_at(load_size):
-                    _load_and_check(layout, placer, path, **load)
+                    _load_and_check(layout, placer, _dcp_load(path, **load))
     finally:
         world.barrier()
+
+
+# The DTensor layouts a sharded Hugging Face save takes, on 1-D and 2-D meshes.
+SAFETENSORS_LAYOUTS = (
+    "shard_first",
+    "shard_last",
+    "2d_shard_first_shard_last",
+    "2d_replicate_shard_first",
+)
+
+
+def _safetensors_save(layout: Layout, placer: Placer, path: str) -> None:
+    writer = with_parameters(dcp.HuggingFaceStorageWriter, "save_distributed")
+    dcp.save(
+        placer.state(layout, lambda full: full), storage_writer=writer(path, save_distributed=True)
+    )
+
+
+@pytest.mark.world(2, 4, applies=_applies)
+@pytest.mark.parametrize("loaded", SAFETENSORS_LAYOUTS)
+@pytest.mark.parametrize("saved", SAFETENSORS_LAYOUTS)
+def test_sharded_safetensors_load_under_another_placement(world, saved, loaded):
+    """Every rank's pieces saved as safetensors (``HuggingFaceStorageWriter`` with
+    ``save_distributed``, not joined) load through ``HuggingFaceStorageReader`` under every
+    other placement, 1-D and 2-D, ranks without a piece of the 3-D tensor included."""
+    pytest.importorskip("safetensors")
+    path = str(world.tmp_path / "sharded-safetensors")
+    placer = Placer(world)
+    _safetensors_save(LAYOUTS[saved], placer, path)
+    world.barrier()
+    reader = dcp.HuggingFaceStorageReader(path)
+    _load_and_check(
+        LAYOUTS[loaded], placer, lambda template: dcp.load(template, storage_reader=reader)
+    )
