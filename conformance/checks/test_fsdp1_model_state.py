@@ -11,7 +11,8 @@ flat and nested wrapping. After two Adam steps, the module checks:
   alone) against the single-process model.
 - Float16 mixed-precision buffers with an ignored module: every type against torch, and
   buffers saved in their float32 dtype.
-- One saved FULL, SHARDED or LOCAL state dict, loaded by torch and by
+- One saved FULL, SHARDED (on device and offloaded) or LOCAL state dict, passed through
+  ``torch.save`` and ``torch.load``, loaded by torch and by
   ``reference_impl.fsdp_load_state_dict`` into fresh models. Both must write identical flat
   shards (the saved values, zero padding), and the loaded models must train on identically.
 - The oracle's errors for bad input, raised on every rank: a missing parameter, a wrong shape,
@@ -25,6 +26,7 @@ rank.
 from __future__ import annotations
 
 import copy
+import io
 from typing import Any
 
 import pytest
@@ -45,7 +47,7 @@ from conformance.training import (
     torch_model_state_dict,
 )
 
-LOAD_KINDS = ["full", "sharded", "local"]
+LOAD_KINDS = ["full", "sharded", "sharded_offloaded", "local"]
 
 
 def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
@@ -56,6 +58,16 @@ def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
     if steps:
         train(model, adam(model), steps)
     return model
+
+
+def _through_a_file(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` saved by ``torch.save`` and read back by ``torch.load`` (its
+    ShardedTensors and DTensors pickled whole)."""
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    loaded: dict[str, Any] = torch.load(buffer, weights_only=False)
+    return loaded
 
 
 def _refused(name: str, state_dict_type: fsdp.StateDictType) -> bool:
@@ -127,7 +139,9 @@ def _flat_params(model: Any) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", LOAD_KINDS)
 @pytest.mark.parametrize("name", FSDP1_CELLS)
 def test_loading_matches_the_oracle(world, name, kind):
-    """One saved state dict, loaded by torch and by the oracle into fresh models, then trained.
+    """One saved state dict, passed through ``torch.save`` and ``torch.load`` as a training
+    loop writes it to a file, loaded by torch and by the oracle into fresh models, then
+    trained.
 
     Both must write the same flat shards (the saved values, zero padding)
     and train on to the same state.
@@ -135,7 +149,7 @@ def test_loading_matches_the_oracle(world, name, kind):
     state_dict_type = model_settings(kind)[0]
     if _refused(name, state_dict_type):
         pytest.skip(f"FSDP1 has no {state_dict_type.name} for {name}")
-    saved = oracle_model_state_dict(_wrapped(world, name), kind)
+    saved = _through_a_file(oracle_model_state_dict(_wrapped(world, name), kind))
     by_torch, by_oracle = _wrapped(world, name, steps=0), _wrapped(world, name, steps=0)
     torch_model_load(by_torch, copy.copy(saved), kind)
     ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), state_dict_type)

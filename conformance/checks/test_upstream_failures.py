@@ -67,6 +67,32 @@ def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
 
 
 @pytest.mark.world(2, timeout=HANG_DEADLINE_S)
+@pytest.mark.parametrize("params", ["orig", "flat"])
+def test_fsdp1_full_offloaded_optimizer_state_dict_equals_single_process(world, params):
+    """Upstream's ``test_cpu_offload_full_state_dict``: ``get_optimizer_state_dict`` with
+    ``full_state_dict`` and ``cpu_offload`` gives rank 0 the single-process Adam state, every
+    tensor on the CPU, and the other ranks ``{}``."""
+    model = _wrapped(f"fsdp1_full_shard_{params}", world)
+    optimizer = adam(model)
+    train(model, optimizer, 1)
+    expected = ground_truth(steps=1, device=world.device).optimizer_state
+    actual = dsd.get_optimizer_state_dict(
+        model, optimizer, options=dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if world.rank != 0:
+        assert actual == {}, f"rank {world.rank} got {sorted(actual)}"
+        return
+    devices = {
+        f"{key}.{name}": value.device.type
+        for key, state in actual["state"].items()
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+    assert set(devices.values()) == {"cpu"}, f"rank 0's offloaded state lies on {devices}"
+    assert_state_dict_equal(actual["state"], expected)
+
+
+@pytest.mark.world(2, timeout=HANG_DEADLINE_S)
 def test_fsdp1_local_state_dict_offloads_from_an_accelerator(world):
     """pytorch#103730: FSDP1's LOCAL_STATE_DICT with ``offload_to_cpu`` gives each flat
     parameter's ShardedTensor with its local shard on the CPU, as it is on the device."""
