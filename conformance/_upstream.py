@@ -211,9 +211,7 @@ dcp_loader = TorchModule(
 dcp_optimizer = TorchModule(
     "torch.distributed.checkpoint.optimizer", ("load_sharded_optimizer_state_dict",)
 )
-dcp_utils = TorchModule(
-    "torch.distributed.checkpoint.utils", ("find_state_dict_object", "find_tensor_shard")
-)
+dcp_utils = TorchModule("torch.distributed.checkpoint.utils", ("find_state_dict_object",))
 dcp_filesystem = TorchModule("torch.distributed.checkpoint.filesystem", ("CURRENT_DCP_VERSION",))
 # DCP's writer and reader of fsspec's stores (object stores, memory, file URLs).
 dcp_fsspec = TorchModule(

@@ -5,6 +5,9 @@ with Adam in a process that never initializes ``torch.distributed``, then writes
 
 - ``raw.pt``: ``model.state_dict()`` and ``optimizer.state_dict()``, to rebuild the run;
 - ``got.pt``: ``get_state_dict(model, optimizer)``;
+- ``got_full.pt``: ``get_model_state_dict`` with ``full_state_dict`` and ``cpu_offload``;
+- ``got_after_own_set.pt``: ``get_state_dict`` after ``set_optimizer_state_dict`` was given
+  the optimizer's own ``state_dict()`` (keyed by parameter ids);
 - ``got_after_set.pt``: the same read from fresh objects ``set_state_dict`` loaded it into;
 - ``loaded.pt``: ``got.pt``'s state saved by ``dcp.save`` into ``OUT/dcp`` and read back by
   ``dcp.load`` into a fresh model's and optimizer's state dicts;
@@ -35,6 +38,10 @@ def main(out: Path) -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out / "raw.pt")
     got = dsd.get_state_dict(model, optimizer)
     torch.save(got, out / "got.pt")
+    whole = dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    torch.save(dsd.get_model_state_dict(model, options=whole), out / "got_full.pt")
+    dsd.set_optimizer_state_dict(model, optimizer, optimizer.state_dict())  # keyed by id
+    torch.save(dsd.get_state_dict(model, optimizer), out / "got_after_own_set.pt")
 
     fresh = seeded_mlp()
     fresh_optimizer = adam(fresh)

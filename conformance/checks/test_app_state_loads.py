@@ -245,8 +245,12 @@ def test_an_async_save_of_stateful_objects_resumes_as_one_process(world, cell, w
     resuming = fresh_training(parallelism, world, RECIPE)
     template = {**_checkpointed(way, resuming), **_beside(0.0)}
     dcp.load(template, checkpoint_id=str(path))
-    assert_trees_identical(template["counter"].value, torch.full((3,), 7.0))
-    assert_trees_identical(template["train_state"], _beside(7.0)["train_state"])
+    assert_trees_identical(
+        template["counter"].value, torch.full((3,), 7.0), f"rank {world.rank}: counter.value"
+    )
+    assert_trees_identical(
+        template["train_state"], _beside(7.0)["train_state"], f"rank {world.rank}: train_state"
+    )
     _put_back(way, resuming, template)
     train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
     assert_full_state_is_single_process(

@@ -83,7 +83,7 @@ def _chunk(dcp_chunk: Chunk) -> Any:
     return dcp_metadata.ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
 
 
-def _overlaps(fqn: str, local: list[Chunk], saved: list[Chunk]) -> set[tuple[Any, ...]]:
+def _overlaps(local: list[Chunk], saved: list[Chunk]) -> set[tuple[Any, ...]]:
     """Each overlapping pair as (dest offsets, dest index, storage offsets, storage index,
     offsets into the local piece, offsets into the saved piece, lengths)."""
     found = set()
@@ -140,9 +140,8 @@ def test_read_items_are_the_overlaps_of_local_and_saved_chunks(world, layout):
     )
     described = [_described("w", item) for item in items]
     assert len(described) == len(set(described)), f"{layout}: an item is planned twice"
-    assert set(described) == _overlaps("w", local, saved), (
-        f"{layout}: planned {sorted(described)}, the overlaps are "
-        f"{sorted(_overlaps('w', local, saved))}"
+    assert set(described) == _overlaps(local, saved), (
+        f"{layout}: planned {sorted(described)}, the overlaps are {sorted(_overlaps(local, saved))}"
     )
 
     whole = torch.arange(float(torch.Size(size).numel())).reshape(size)
@@ -194,12 +193,12 @@ def test_find_state_dict_object_finds_each_piece_by_its_offset_whatever_the_hint
     assert torch.equal(found, distributed.to_local()), f"the DTensor's piece is {found.tolist()}"
 
 
-REFUSALS: dict[str, tuple[str, Any, str]] = {
-    "unknown_name": ("absent", _index("absent"), "Could not find FQN: 'absent'"),
-    "offset_into_a_value": ("value", _index("value", (0,)), "'value' is not a ShardedTensor"),
-    "offset_into_a_tensor": ("plain", _index("plain", (2,)), "'plain' is not a ShardedTensor"),
-    "sharded_without_offset": ("sharded", _index("sharded"), "Cannot lookup sharded"),
-    "no_shard_starts_there": ("sharded", _index("sharded", (1, 0)), "shard at .*sharded"),
+REFUSALS: dict[str, tuple[Any, str]] = {
+    "unknown_name": (_index("absent"), "Could not find FQN: 'absent'"),
+    "offset_into_a_value": (_index("value", (0,)), "'value' is not a ShardedTensor"),
+    "offset_into_a_tensor": (_index("plain", (2,)), "'plain' is not a ShardedTensor"),
+    "sharded_without_offset": (_index("sharded"), "Cannot lookup sharded"),
+    "no_shard_starts_there": (_index("sharded", (1, 0)), "shard at .*sharded"),
 }
 
 
@@ -207,7 +206,7 @@ REFUSALS: dict[str, tuple[str, Any, str]] = {
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
 def test_find_state_dict_object_refuses_what_is_not_there_naming_the_key(world, refusal):
     state = {"plain": torch.arange(4.0), "value": {"lr": 0.1}, "sharded": _two_shards(2)}
-    _, index, message = REFUSALS[refusal]
+    index, message = REFUSALS[refusal]
     with pytest.raises(ValueError, match=message):
         dcp_utils.find_state_dict_object(state, index)
 

@@ -79,15 +79,23 @@ def _assert_views(world, model: nn.Module, state: dict, when: str) -> None:
 @pytest.mark.parametrize("cell", CELLS)
 def test_the_state_dict_is_a_view_of_the_sharded_parameters(world, cell):
     model, optimizer = _trained(world, cell)
-    sizes = {name: parameter.size() for name, parameter in model.named_parameters()}
+    pieces = {name: local_part(p).shape for name, p in model.named_parameters()}
     state = model.state_dict()
     for name, parameter in model.named_parameters():
         where = f"rank {world.rank}, {name}: reading the state dict left it"
-        assert isinstance(parameter, nn.Parameter), f"{where} a {type(parameter).__name__}"
-        assert parameter.size() == sizes[name], f"{where} of size {tuple(parameter.size())}"
+        assert isinstance(parameter, dtensor.DTensor), f"{where} a {type(parameter).__name__}"
+        held = local_part(parameter).shape
+        assert held == pieces[name], f"{where} holding {tuple(held)}, not {tuple(pieces[name])}"
     _assert_views(world, model, state, "after one step")
+    before = {name: local_part(value).clone() for name, value in state.items()}
     train(model, optimizer, LATER_STEPS, start=1)
     _assert_views(world, model, state, f"kept through {LATER_STEPS} more steps")
+    unchanged = [
+        name
+        for name, _ in model.named_parameters()
+        if before[name].numel() and torch.equal(local_part(state[name]), before[name])
+    ]
+    assert not unchanged, f"rank {world.rank}: the kept state dict did not train on: {unchanged}"
 
 
 @pytest.mark.world(2, 4, 8, applies=exists_at_size("cell"))
@@ -205,11 +213,17 @@ def test_a_cpu_offloaded_model_loads_piece_by_piece_and_its_state_dict_lies_on_t
         model.load_state_dict({name: piece}, assign=True, strict=False)
     model(torch.rand(OFFLOAD_WIDTH, OFFLOAD_WIDTH, device=world.device)).sum().backward()
     for name, value in model.state_dict().items():
-        assert local_part(value).device.type == "cpu", (
-            f"rank {world.rank}, {name}: the offloaded state lies on {local_part(value).device}"
+        piece = local_part(value)
+        assert piece.device.type == "cpu", (
+            f"rank {world.rank}, {name}: the offloaded state lies on {piece.device}"
         )
-        assert torch.equal(value.full_tensor(), whole[name]), (
-            f"rank {world.rank}, {name}: holds other values than were loaded"
+        expected = local_part(
+            dtensor.distribute_tensor(
+                whole[name].to(world.device), value.device_mesh, value.placements
+            )
+        ).cpu()
+        assert torch.equal(piece, expected), (
+            f"rank {world.rank}, {name}: holds {piece.tolist()}, loaded {expected.tolist()}"
         )
 
 

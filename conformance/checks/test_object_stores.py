@@ -99,20 +99,11 @@ def _async_cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("store", sorted(STORES))
 def test_a_checkpoint_in_a_store_holds_and_loads_what_local_disk_does(world, store, cell):
     opened = STORES[store].open(world)
-    model, optimizer, state, local = _trained_and_saved_locally(world, cell)
+    _, _, state, local = _trained_and_saved_locally(world, cell)
     dcp.save(state, storage_writer=opened.writer("checkpoint"))
     _assert_holds_the_local_files(world, opened, "checkpoint", local)
-    loads = {}
-    for where, reader in (
-        ("local disk", dcp.FileSystemReader(str(local))),
-        (store, opened.reader("checkpoint")),
-    ):
-        template = training_state(model, optimizer, None, flatten=True)
-        dcp.load(template, storage_reader=reader)
-        loads[where] = tree_leaves(template)
-    wrong = differences(loads[store], loads["local disk"], (f"from {store}", "from local disk"))
-    assert not wrong, f"rank {world.rank}: {opened.url('checkpoint')}: " + "; ".join(wrong)
-    world.barrier()  # every rank has loaded before the next test's saves
+    from_store = _loaded(cell, world, None, storage_reader=opened.reader("checkpoint"))
+    _assert_loads_as_local_disk(world, cell, local, from_store, opened.url("checkpoint"))
 
 
 @pytest.mark.world(4)
@@ -183,6 +174,17 @@ def _loaded(name: str, world: Any, path: str | None, **load: Any) -> dict[str, A
     return tree_leaves(training_state(model, optimizer, None, flatten=True))
 
 
+def _assert_loads_as_local_disk(
+    world: Any, cell: str, local: Path, from_store: dict[str, Any], where: str
+) -> None:
+    """Fresh objects of ``cell`` loaded from the store hold what fresh ones loaded from the
+    local checkpoint hold; every rank has loaded before the next test's saves."""
+    from_local = _loaded(cell, world, str(local))
+    wrong = differences(from_store, from_local, ("from the store", "from local disk"))
+    assert not wrong, f"rank {world.rank}: {where}: " + "; ".join(wrong)
+    world.barrier()
+
+
 def _assert_holds_the_local_files(world: Any, opened: OpenStore, name: str, local: Path) -> None:
     """Once every rank has saved: rank 0 finds the store's checkpoint ``name`` made of the
     files of the local one, each data file byte for byte, its ``.metadata`` describing the
@@ -244,18 +246,12 @@ def test_a_store_url_alone_picks_fsspec_to_save_and_load(world, store, cell):
     fall back from the local file system's writer and reader to fsspec's: the checkpoint
     holds the local one's files and loads as it does."""
     opened = STORES[store].open(world)
-    model, optimizer, state, local = _trained_and_saved_locally(world, cell)
+    _, _, state, local = _trained_and_saved_locally(world, cell)
     with _url_alone_reaches(opened):
         dcp.save(state, checkpoint_id=opened.url("by-url"))
         _assert_holds_the_local_files(world, opened, "by-url", local)
-        loads = {}
-        for where, checkpoint_id in (("local disk", str(local)), (store, opened.url("by-url"))):
-            template = training_state(model, optimizer, None, flatten=True)
-            dcp.load(template, checkpoint_id=checkpoint_id)
-            loads[where] = tree_leaves(template)
-    wrong = differences(loads[store], loads["local disk"], (f"from {store}", "from local disk"))
-    assert not wrong, f"rank {world.rank}: {opened.url('by-url')}: " + "; ".join(wrong)
-    world.barrier()
+        from_store = _loaded(cell, world, opened.url("by-url"))
+    _assert_loads_as_local_disk(world, cell, local, from_store, opened.url("by-url"))
 
 
 @pytest.mark.world(1)

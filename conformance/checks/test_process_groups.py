@@ -5,7 +5,8 @@ keys in different orders.
 - **No process group.** ``get_state_dict``, ``set_state_dict``, ``dcp.save`` and ``dcp.load``
   promise to work in a process that never initialized ``torch.distributed`` (DCP then runs
   as one rank). A fresh interpreter (``_without_a_process_group.py``) trains the MLP and
-  does each; its results must equal the oracle's state dict of the same run, bit for bit.
+  does each, full and offloaded too, and loads the optimizer's own id-keyed dict; its
+  results must equal the oracle's state dict of the same run, bit for bit.
 - **A group without global rank 0.** On a 2 x 2 mesh each row saves and loads a checkpoint
   of its own over its own group (``process_group=``): rows ``{0, 1}`` and ``{2, 3}`` at
   once. The second row's coordinator is global rank 2 (pytorch#152310 broadcast from global
@@ -83,21 +84,31 @@ def test_state_dicts_and_dcp_work_without_a_process_group(world):
     got = read("got.pt")
     assert_trees_identical(tuple(got), tuple(expected), "get_state_dict")
     assert_trees_identical(tuple(read("got_after_set.pt")), tuple(expected), "after set_state_dict")
+    assert_trees_identical(
+        tuple(read("got_after_own_set.pt")), tuple(expected), "after a set of its own dict"
+    )
+    full = ri.get_model_state_dict(model, options=ri.StateDictOptions(full_state_dict=True))
+    assert_trees_identical(read("got_full.pt"), full, "full, offloaded get_model_state_dict")
     assert_trees_identical(tuple(read("loaded.pt")), tuple(expected), "dcp.save then dcp.load")
 
 
-def _row_state(mesh: Any, row: int, fill: float) -> dict[str, Any]:
-    """What a row saves: a DTensor sharded over the row, a tensor the row replicates, a
-    tensor and a value of each rank's own, all made from the row and the rank."""
+def _row_state(mesh: Any, row: int, saved: bool) -> dict[str, Any]:
+    """What a row saves (``saved``): a DTensor sharded over the row, a tensor the row
+    replicates, a tensor and a value of each rank's own, all made from the row and the rank
+    and none zero; else a template of the same shapes holding -1 throughout."""
     rank = dist.get_rank()
-    whole = torch.arange(12, dtype=torch.float32).reshape(6, 2) + 100 * row
+    whole = torch.arange(1, 13, dtype=torch.float32).reshape(6, 2) + 100 * row
+    replicated = torch.full((3,), float(row + 1))
+    own = torch.full((2,), float(rank + 1))
+    value = {"row": row, "rank": rank}
+    if not saved:
+        whole, replicated, own = (torch.full_like(t, -1.0) for t in (whole, replicated, own))
+        value = {"row": -1, "rank": -1}
     return {
-        f"row{row}.sharded": dtensor.distribute_tensor(whole * fill, mesh, [dtensor.Shard(0)]),
-        f"row{row}.replicated": torch.full((3,), float(row)) * fill,
-        f"row{row}.rank{rank}": torch.full((2,), float(rank)) * fill,
-        f"row{row}.rank{rank}.value": {"row": row, "rank": rank}
-        if fill
-        else {"row": -1, "rank": -1},
+        f"row{row}.sharded": dtensor.distribute_tensor(whole, mesh, [dtensor.Shard(0)]),
+        f"row{row}.replicated": replicated,
+        f"row{row}.rank{rank}": own,
+        f"row{row}.rank{rank}.value": value,
     }
 
 
@@ -109,11 +120,11 @@ def test_a_group_without_global_rank_0_saves_and_loads_its_own_checkpoint(world,
     row_mesh = mesh["column"]
     group = row_mesh.get_group()
     checkpoint = str(world.tmp_path / f"row{row}")
-    saved = _row_state(row_mesh, row, 1.0)
+    saved = _row_state(row_mesh, row, saved=True)
     save = dcp.save if collectives else with_parameters(dcp.save, "use_collectives")
     save_options = {} if collectives else {"use_collectives": False}
     save(saved, checkpoint_id=checkpoint, process_group=group, **save_options)
-    loaded = _row_state(row_mesh, row, 0.0)
+    loaded = _row_state(row_mesh, row, saved=False)
     dcp.load(loaded, checkpoint_id=checkpoint, process_group=group)
     assert_trees_identical(loaded, saved, f"rank {world.rank}, row {row}")
 
@@ -139,7 +150,7 @@ def test_a_group_without_global_rank_0_saves_and_loads_its_own_checkpoint(world,
 @pytest.mark.world(2, 4)
 def test_a_coordinator_other_than_rank_0_saves_what_rank_0_saves(world):
     mesh = world.mesh(world.size)
-    saved = _row_state(mesh, 0, 1.0)
+    saved = _row_state(mesh, 0, saved=True)
     coordinator = world.size - 1
     with quiet_deprecations():
         dcp.save_state_dict(
@@ -148,7 +159,7 @@ def test_a_coordinator_other_than_rank_0_saves_what_rank_0_saves(world):
             coordinator_rank=coordinator,
         )
         dcp.save(saved, checkpoint_id=str(world.tmp_path / "default"))
-        loaded = _row_state(mesh, 0, 0.0)
+        loaded = _row_state(mesh, 0, saved=False)
         dcp.load_state_dict(
             loaded,
             storage_reader=dcp.FileSystemReader(str(world.tmp_path / "coordinated")),

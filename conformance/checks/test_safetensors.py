@@ -76,7 +76,7 @@ LAYOUT_OPTIONS = {
 
 
 def _file_index(key: str) -> int:
-    """The file a consolidated save writes ``key`` to: 1 for ``fc1``'s tensors, else 2."""
+    """The file ``fqn_to_index_mapping`` puts ``key`` in: 1 for ``fc1``'s tensors, else 2."""
     return 1 if key.startswith("fc1.") else 2
 
 

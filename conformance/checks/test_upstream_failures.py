@@ -61,9 +61,11 @@ def test_fsdp1_full_offloaded_state_dict_equals_single_process(world, params):
         model, options=dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if world.rank == 0:
+        devices = {key: value.device.type for key, value in actual.items()}
+        assert set(devices.values()) == {"cpu"}, f"rank 0's offloaded state lies on {devices}"
         assert_state_dict_equal(actual, expected)
     else:
-        assert actual == {}
+        assert actual == {}, f"rank {world.rank} got {sorted(actual)}"
 
 
 @pytest.mark.world(2, timeout=HANG_DEADLINE_S)
