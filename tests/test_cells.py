@@ -35,6 +35,8 @@ def pytest_collection_finish(session):
 # partners name: a new cell reaches them only if it is named there.
 NAMED_CELLS = {
     "test_a_save_over_a_checkpoint_replaces_it_only_where_allowed",
+    "test_a_save_over_a_checkpoint_in_a_store_replaces_it_only_where_allowed",
+    "test_a_deprecated_selection_warns_and_still_works",
     "test_an_async_checkpoint_of_two_ranks_resumes_at_four_as_one_process",
     "test_broadcast_from_rank0_refuses_a_missing_key_on_every_rank",
     "test_load_at_more_ranks_than_saved",

@@ -193,12 +193,13 @@ def test_find_state_dict_object_finds_each_piece_by_its_offset_whatever_the_hint
     assert torch.equal(found, distributed.to_local()), f"the DTensor's piece is {found.tolist()}"
 
 
-REFUSALS: dict[str, tuple[Any, str]] = {
-    "unknown_name": (_index("absent"), "Could not find FQN: 'absent'"),
-    "offset_into_a_value": (_index("value", (0,)), "'value' is not a ShardedTensor"),
-    "offset_into_a_tensor": (_index("plain", (2,)), "'plain' is not a ShardedTensor"),
-    "sharded_without_offset": (_index("sharded"), "Cannot lookup sharded"),
-    "no_shard_starts_there": (_index("sharded", (1, 0)), "shard at .*sharded"),
+# What each refused lookup asks for (the key, and an offset or None) and the error's words.
+REFUSALS: dict[str, tuple[str, tuple[int, ...] | None, str]] = {
+    "unknown_name": ("absent", None, "Could not find FQN: 'absent'"),
+    "offset_into_a_value": ("value", (0,), "'value' is not a ShardedTensor"),
+    "offset_into_a_tensor": ("plain", (2,), "'plain' is not a ShardedTensor"),
+    "sharded_without_offset": ("sharded", None, "Cannot lookup sharded"),
+    "no_shard_starts_there": ("sharded", (1, 0), "shard at .*sharded"),
 }
 
 
@@ -206,9 +207,9 @@ REFUSALS: dict[str, tuple[Any, str]] = {
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
 def test_find_state_dict_object_refuses_what_is_not_there_naming_the_key(world, refusal):
     state = {"plain": torch.arange(4.0), "value": {"lr": 0.1}, "sharded": _two_shards(2)}
-    index, message = REFUSALS[refusal]
+    key, offset, message = REFUSALS[refusal]
     with pytest.raises(ValueError, match=message):
-        dcp_utils.find_state_dict_object(state, index)
+        dcp_utils.find_state_dict_object(state, _index(key, offset))
 
 
 @pytest.mark.world(1)
