@@ -1,10 +1,9 @@
-"""CPU-world counterparts of upstream's ``test/distributed/checkpoint/test_state_dict_utils.py``.
+"""Counterparts of upstream's ``test/distributed/checkpoint/test_state_dict_utils.py``.
 
-Upstream runs these on CUDA only; here each case holds both the torch build
-and the oracle to the case's expectation.
-
-CPU-world counterparts of upstream's own ``test_state_dict_utils.py`` cases, for both torch
-and the oracle.
+Upstream runs these on CUDA only; here each case holds both the torch build and the oracle to
+the case's expectation, on the rank's device. CPU state dicts are created from tensors on the
+rank's device and must lie on the CPU, shared or pinned where asked and only there (a 0-dim
+tensor is made a plain one); pinned memory skips where no accelerator is.
 """
 
 from __future__ import annotations
@@ -90,13 +89,15 @@ def test_complicated_dict(world):
     assert_trees_identical(gathered_by["torch"], gathered_by["oracle"])
 
 
-def upstream_cpu_case() -> tuple[dict[str, Any], io.BytesIO]:
+def upstream_cpu_case(device: torch.device | None = None) -> tuple[dict[str, Any], io.BytesIO]:
+    """Upstream's state dict for the CPU utilities, its tensors on ``device`` (the CPU by
+    default), and the buffer it holds saved."""
     buffer = io.BytesIO()
     torch.save(torch.ones(10), buffer)
     buffer.seek(0)
     state_dict = {
-        "tensor1": torch.arange(10),
-        "tensor2": torch.ones(10),
+        "tensor1": torch.arange(10, device=device),
+        "tensor2": torch.ones(10, device=device),
         "non_tensor_bytes_io": copy.deepcopy(buffer),
         "non_tensor_bytes": buffer.read(),
         "step": torch.tensor(7, dtype=torch.float),
@@ -118,6 +119,23 @@ def _why_unpinnable(memory: dict[str, bool]) -> str | None:
     return None
 
 
+def _assert_lies_in_the_memory_asked(
+    state: dict[str, Any], memory: dict[str, bool], who: str
+) -> None:
+    """Every tensor on the CPU; shared and pinned where ``memory`` asks and only there, but
+    for a 0-dim tensor, which the utilities make a plain one."""
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        where = f"{who}: {key}"
+        assert value.device.type == "cpu", f"{where} lies on {value.device}"
+        if not value.dim():
+            continue
+        shared, pinned = memory.get("share_memory", False), memory.get("pin_memory", False)
+        assert value.is_shared() == shared, f"{where}: is_shared() is {value.is_shared()}"
+        assert value.is_pinned() == pinned, f"{where}: is_pinned() is {value.is_pinned()}"
+
+
 @pytest.mark.world(1)
 @pytest.mark.parametrize(
     "memory",
@@ -135,8 +153,9 @@ def test_create_cpu_state_dict(world, memory):
     similar = dict(both("_check_state_dict_similarity", ri.check_state_dict_similarity))
     copy_into = dict(both("_copy_state_dict", ri.copy_state_dict))
     for who in ("torch", "oracle"):
-        state_dict, buffer = upstream_cpu_case()
+        state_dict, buffer = upstream_cpu_case(world.device)
         cpu_state_dict = create[who](state_dict, **memory)
+        _assert_lies_in_the_memory_asked(cpu_state_dict, memory, who)
         assert similar[who](state_dict, cpu_state_dict), who
         tensor1 = cpu_state_dict["tensor1"]
         cpu_state_dict["tensor1"] = torch.arange(11)
