@@ -176,6 +176,22 @@ def _put_back(way: Way, training: Training, loaded: dict[str, Any]) -> None:
         )
 
 
+def _put_back_and_train_on(
+    way: Way, resuming: Training, loaded: dict[str, Any], parallelism: Parallelism
+) -> None:
+    """The loaded state set into ``resuming``, ``MORE_STEPS`` trained: it must hold what one
+    process holds after ``SAVED_AFTER + MORE_STEPS`` steps."""
+    _put_back(way, resuming, loaded)
+    train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
+    assert_full_state_is_single_process(
+        resuming,
+        SAVED_AFTER + MORE_STEPS,
+        RECIPE,
+        model_id=parallelism.model_id,
+        **comparison_tolerance(parallelism),
+    )
+
+
 @pytest.mark.world(1, 2, 4, applies=_way_applies)
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("cell", CELLS)
@@ -194,15 +210,7 @@ def test_each_documented_way_resumes_as_one_process(world, cell, way):
             f"rank {world.rank}: dcp.load replaced the {type(value).__name__} under {key!r} "
             "instead of loading into it"
         )
-    _put_back(way, resuming, template)
-    train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
-    assert_full_state_is_single_process(
-        resuming,
-        SAVED_AFTER + MORE_STEPS,
-        RECIPE,
-        model_id=parallelism.model_id,
-        **comparison_tolerance(parallelism),
-    )
+    _put_back_and_train_on(way, resuming, template, parallelism)
 
 
 class _Counter:
@@ -251,15 +259,7 @@ def test_an_async_save_of_stateful_objects_resumes_as_one_process(world, cell, w
     assert_trees_identical(
         template["train_state"], _beside(7.0)["train_state"], f"rank {world.rank}: train_state"
     )
-    _put_back(way, resuming, template)
-    train(resuming[0], resuming[1], MORE_STEPS, start=SAVED_AFTER)
-    assert_full_state_is_single_process(
-        resuming,
-        SAVED_AFTER + MORE_STEPS,
-        RECIPE,
-        model_id=parallelism.model_id,
-        **comparison_tolerance(parallelism),
-    )
+    _put_back_and_train_on(way, resuming, template, parallelism)
 
 
 def _saved_checkpoint(parallelism: Any, world: Any, *, body_only: bool = False) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import copy
 import io
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -195,12 +196,7 @@ def test_nested_containers_come_back_as_saved(world):
     """Upstream's nested and traversed state dicts: every leaf of lists in lists, an
     ``OrderedDict`` and integer keys comes back from ``dcp.load`` into a template of the same
     shape filled with other values; the containers keep their kinds."""
-    path = str(world.tmp_path / "nested")
-    saved = _nested(world.rank, 1.0)
-    dcp.save(copy.deepcopy(saved), checkpoint_id=path)
-    template = _nested(world.rank, 0.0)
-    dcp.load(template, checkpoint_id=path)
-    assert_trees_identical(template, saved)
+    _assert_come_back_as_saved(world, "nested", _nested)
 
 
 @pytest.mark.world(1, 2)
@@ -208,10 +204,17 @@ def test_deeper_containers_come_back_as_saved(world):
     """Upstream's flattening, traversal and end-to-end states: dicts in lists, an
     ``OrderedDict`` of a list, long lists, a list in a list and a ``BytesIO`` come back from
     ``dcp.load`` into a template of the same shape filled with other values."""
-    path = str(world.tmp_path / "deeper")
-    saved = _deeper(world.rank, 1.0)
+    _assert_come_back_as_saved(world, "deeper", _deeper)
+
+
+def _assert_come_back_as_saved(
+    world: Any, name: str, state: Callable[[int, float], dict[Any, Any]]
+) -> None:
+    """``state(rank, 1.0)`` saved by ``dcp.save`` loads into ``state(rank, 0.0)`` as saved."""
+    path = str(world.tmp_path / name)
+    saved = state(world.rank, 1.0)
     dcp.save(copy.deepcopy(saved), checkpoint_id=path)
-    template = _deeper(world.rank, 0.0)
+    template = state(world.rank, 0.0)
     dcp.load(template, checkpoint_id=path)
     assert_trees_identical(template, saved)
 
