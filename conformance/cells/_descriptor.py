@@ -84,6 +84,10 @@ class Parallelism:
     flat_params: bool = False  # FSDP1 without use_orig_params: one flat parameter per wrap
     nested: bool = False  # the model's units are wrapped on their own, inside the root
     fsdp1_mesh: bool = False  # FSDP1 given a device mesh, which refuses LOCAL_STATE_DICT
+    # FSDP1 given a device mesh: the same wrapping given process groups instead, whose sharded
+    # state dicts hold ShardedTensors where the cell's hold DTensors
+    # (conformance/checks/test_fsdp1_dtensor_state.py compares the two).
+    on_process_groups: Wrap | None = None
     fsdp2: bool = False  # built with fully_shard, which some releases cannot run on CPU
     # Each rank holds a part of the model alone at more than one rank: a pipeline stage's
     # layers, its experts (conformance/compare/_held.py).
@@ -106,6 +110,8 @@ class Parallelism:
             raise ValueError(f"{self.name}: family {self.family!r} is not one of {Family}")
         if unknown := set(self.roles) - set(get_args(Role)):
             raise ValueError(f"{self.name}: roles {sorted(unknown)} are not of {Role}")
+        if self.on_process_groups is not None and not self.fsdp1_mesh:
+            raise ValueError(f"{self.name}: on_process_groups is for FSDP1 given a device mesh")
         if "precision" in self.roles and self.wrap_in is None:
             raise ValueError(f"{self.name}: the precision role needs a policy (wrap_in)")
 
@@ -123,6 +129,7 @@ class Parallelism:
             partners=(),
             memory=None,
             wrap_in=None,
+            on_process_groups=None,
         )
 
     def parallelise(self, model: nn.Module, world: Any) -> nn.Module:

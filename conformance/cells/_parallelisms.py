@@ -174,7 +174,10 @@ _FSDP1_PARTNERS: dict[str, tuple[Partner, ...]] = {
         Partner("fsdp1_shard_grad_op_orig", None, ("fsdp1",)),
     ),
     "fsdp1_full_shard_orig_nested": (Partner("fsdp1_full_shard_orig", None, ("fsdp1",)),),
-    "fsdp1_hybrid_shard_orig_nested": (Partner("fsdp1_shard_grad_op_flat", 2, ("resume",)),),
+    "fsdp1_hybrid_shard_orig_nested": (
+        Partner("fsdp1_shard_grad_op_flat", 2, ("resume",)),
+        Partner("fsdp1_mesh_full_shard_flat", 4, ("resume",)),  # 2-way DTensor shards to 4-way
+    ),
     "fsdp1_shard_grad_op_orig_nested": (Partner("fsdp1_full_shard_flat", None, ("fsdp1",)),),
     "fsdp1_no_shard_flat": (Partner("fsdp1_full_shard_orig_nested", None, ("fsdp1",)),),
     "fsdp1_hybrid_shard_orig": (Partner("fsdp1_full_shard_flat_nested", None, ("fsdp1",)),),
@@ -199,8 +202,9 @@ _FSDP1_ROLES: dict[str, frozenset[Role]] = {
 
 def _fsdp1_cells() -> list[Parallelism]:
     """FSDP1 under each sharding strategy, with original or flat parameters, wrapped whole or
-    nested. The memory checks measure the original parameters, and flat ones once (its
-    optimizer state is one flat tensor per rank); nested wrappings hold the same tensors."""
+    nested, and FULL_SHARD given a 1-D device mesh. The memory checks measure the original
+    parameters, and flat ones once (its optimizer state is one flat tensor per rank); nested
+    wrappings hold the same tensors."""
     cells = []
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"):
         for orig in (True, False):
@@ -208,22 +212,41 @@ def _fsdp1_cells() -> list[Parallelism]:
                 name = f"fsdp1_{strategy.lower()}_{'orig' if orig else 'flat'}"
                 name += "_nested" if nested else ""
                 measured = not nested and (orig or name == "fsdp1_full_shard_flat")
+                hybrid = strategy == "HYBRID_SHARD"
                 cells.append(
                     Parallelism(
                         name,
                         wrap_fsdp1(strategy, orig, nested),
-                        (4,) if strategy == "HYBRID_SHARD" else (2, 4),
+                        (4,) if hybrid else (2, 4),
                         family="fsdp1",
                         fsdp1=True,
                         flat_params=not orig,
                         nested=nested,
-                        fsdp1_mesh=strategy == "HYBRID_SHARD",
+                        fsdp1_mesh=hybrid,
                         roles=_FSDP1_ROLES.get(name, frozenset()),
                         partners=_FSDP1_PARTNERS.get(name, ()),
                         memory=MemoryModel() if measured else None,
                         wrap_in=partial(wrap_fsdp1, strategy, orig, nested),
+                        on_process_groups=(
+                            wrap_fsdp1(strategy, orig, nested, groups="process_groups")
+                            if hybrid and not nested
+                            else None
+                        ),
                     )
                 )
+    cells.append(
+        Parallelism(
+            "fsdp1_mesh_full_shard_flat",  # as upstream's DTensor tests wrap: FSDP1's defaults
+            wrap_fsdp1("FULL_SHARD", False, False, groups="mesh"),
+            (4,),  # four shards: some tensors' last shards are empty
+            family="fsdp1",
+            fsdp1=True,
+            flat_params=True,
+            fsdp1_mesh=True,
+            memory=None,  # fsdp1_full_shard_flat holds the same tensors
+            on_process_groups=wrap_fsdp1("FULL_SHARD", False, False, groups="process_groups"),
+        )
+    )
     return cells
 
 

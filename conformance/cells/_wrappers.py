@@ -8,7 +8,7 @@ its ``tp_plan()``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from torch import nn
@@ -25,6 +25,9 @@ from conformance.cells._descriptor import Wrap
 from conformance.cells._precision import Precision
 from conformance.cells._subworld import SubWorld
 
+# What FSDP1 is given to shard over (``wrap_fsdp1``).
+Fsdp1Groups = Literal["as_strategy", "mesh", "process_groups"]
+
 
 def wrap_ddp(model: nn.Module, world: Any) -> nn.Module:
     return ddp.DistributedDataParallel(model, device_mesh=world.mesh(world.size, ("dp",)))
@@ -36,30 +39,52 @@ def wrap_replicate(model: nn.Module, world: Any) -> nn.Module:
 
 
 def wrap_fsdp1(
-    strategy: str, use_orig_params: bool, nested: bool, precision: Precision | None = None
+    strategy: str,
+    use_orig_params: bool,
+    nested: bool,
+    precision: Precision | None = None,
+    groups: Fsdp1Groups = "as_strategy",
 ) -> Wrap:
+    """FSDP1 under ``strategy``; ``groups`` says what it is given to shard over:
+
+    - ``as_strategy``: HYBRID_SHARD a (replicate, shard) device mesh, the others none (the
+      world's group, or a sub-world's);
+    - ``mesh``: a device mesh always (1-D but for HYBRID_SHARD): sharded state dicts of
+      DTensors;
+    - ``process_groups``: process groups always (HYBRID_SHARD the mesh's (shard, replicate)
+      pair): sharded state dicts of ShardedTensors.
+    """
+
     def wrap(model: nn.Module, world: Any) -> nn.Module:
-        hybrid = strategy == "HYBRID_SHARD"
         options: dict[str, Any] = {
             "device_id": world.device,
             "use_orig_params": use_orig_params,
             "sharding_strategy": fsdp.ShardingStrategy[strategy],
+            **_fsdp1_groups(strategy, groups, world),
         }
         if precision is not None:
             options["mixed_precision"] = precision.fsdp1_policy()
-        mesh = _hybrid_mesh(world) if hybrid else None
-        if isinstance(world, SubWorld):
-            options["process_group"] = world.group
         with quiet_deprecations():
             if nested:
                 for unit in units(model):
-                    wrapped = fsdp.FullyShardedDataParallel(
-                        model.get_submodule(unit), device_mesh=mesh, **options
-                    )
+                    wrapped = fsdp.FullyShardedDataParallel(model.get_submodule(unit), **options)
                     replace_submodule(model, unit, wrapped)
-            return fsdp.FullyShardedDataParallel(model, device_mesh=mesh, **options)
+            return fsdp.FullyShardedDataParallel(model, **options)
 
     return wrap
+
+
+def _fsdp1_groups(strategy: str, groups: Fsdp1Groups, world: Any) -> dict[str, Any]:
+    """FSDP1's ``device_mesh`` or ``process_group`` option for ``wrap_fsdp1``'s ``groups``."""
+    hybrid = strategy == "HYBRID_SHARD"
+    if groups == "mesh" or (groups == "as_strategy" and hybrid):
+        return {"device_mesh": _hybrid_mesh(world) if hybrid else world.mesh(world.size, ("dp",))}
+    if hybrid:  # FSDP1 takes the pair as (intra-node: shard, inter-node: replicate)
+        mesh = _hybrid_mesh(world)
+        return {"process_group": (mesh.get_group("shard"), mesh.get_group("replicate"))}
+    if isinstance(world, SubWorld):
+        return {"process_group": world.group}
+    return {}
 
 
 def _hybrid_mesh(world: Any) -> Any:
