@@ -22,6 +22,10 @@ the same training:
 - **Found by its URL.** ``dcp.save`` and ``dcp.load`` given the store's URL alone (fsspec's
   defaults configured for it, as users do) fall back to fsspec's writer and reader, and
   write and load as above; a URL no storage accepts (``abc://``) is refused by both.
+- **A failed stream.** A data file whose write the store fails (``ENOSPC`` after
+  ``AT_BYTE`` bytes, on the last rank) fails the save on every rank and is removed: the
+  store keeps the other ranks' whole files and no part of that one. A load whose reads the
+  store fails fails, and leaves every file of the checkpoint as it was.
 - **Saved over.** ``FsspecWriter(overwrite=True)`` over a checkpoint in the store replaces
   it; ``overwrite=False`` is refused on every rank, saying it exists, and changes no file.
 
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +60,7 @@ import torch.distributed as dist
 from conformance._upstream import dcp
 from conformance.cells import PARALLELISMS, SubWorld, reshards, with_role
 from conformance.models.common import train
-from conformance.stores import STORES, OpenStore
+from conformance.stores import STORES, OpenStore, StreamFault, with_fault, with_read_fault
 from conformance.training import (
     CHECKPOINTERS,
     differences,
@@ -69,6 +75,7 @@ from conformance.training import (
 )
 
 SAVED_AFTER = 2
+AT_BYTE = 1000  # bytes a failing data file takes before the store fails its write
 METADATA = ".metadata"
 SHARED_STORES = tuple(name for name, store in STORES.items() if store.shared)
 
@@ -284,3 +291,38 @@ def test_a_save_over_a_checkpoint_in_a_store_replaces_it_only_where_allowed(worl
         dcp.save(later, storage_writer=opened.writer("again", overwrite=False))
     world.barrier()
     assert opened.files("again") == files, f"rank {world.rank}: the refused save changed files"
+
+
+@pytest.mark.world(1, 2, 4, applies=lambda size, store: _runs_at(size, store, "ddp"))
+@pytest.mark.parametrize("store", sorted(STORES))
+def test_a_stream_the_store_fails_is_removed_and_one_read_is_kept(world, store):
+    """Each rank saves a tensor of its own (so each writes a data file of its own) whole, then
+    again with the last rank's data file failing after ``AT_BYTE`` bytes; then a load whose
+    data reads fail."""
+    opened = STORES[store].open(world)
+    state = {f"rank{world.rank}": torch.arange(4096, dtype=torch.float32) + world.rank}
+    dcp.save(state, storage_writer=opened.writer("whole"))
+    world.barrier()
+    whole = opened.files("whole")
+    full_disk = StreamFault(errno.ENOSPC, "data", AT_BYTE)
+    failing = full_disk if world.rank == world.size - 1 else None
+    with pytest.raises(dcp.CheckpointException):
+        dcp.save(state, storage_writer=with_fault(opened.writer("failed"), failing))
+    world.barrier()
+    left = opened.files("failed")
+    kept = {name: data for name, data in whole.items() if name in left}
+    left_out = sorted(set(whole) - set(left))
+    assert left == kept, (
+        f"rank {world.rank}: after the failed save the store holds {sorted(left)} of sizes "
+        f"{[len(data) for data in left.values()]}, not the whole save's files of those names"
+    )
+    assert len(left_out) == 2, (
+        f"rank {world.rank}: the failed save left out {left_out} of {sorted(whole)}: "
+        "the struck data file and .metadata should be missing, no more"
+    )
+    failed_read = StreamFault(errno.EIO, "data", 0)
+    template = {key: torch.zeros_like(value) for key, value in state.items()}
+    with pytest.raises(dcp.CheckpointException, match=os.strerror(errno.EIO)):
+        dcp.load(template, storage_reader=with_read_fault(opened.reader("whole"), failed_read))
+    world.barrier()
+    assert opened.files("whole") == whole, f"rank {world.rank}: a failed load changed files"

@@ -4,7 +4,13 @@ chosen byte; a writer killed at a chosen phase of its save."""
 
 from __future__ import annotations
 
-from conformance.stores._faults import FileKind, StreamFault, failing_writer
+from conformance.stores._faults import (
+    FileKind,
+    StreamFault,
+    failing_writer,
+    with_fault,
+    with_read_fault,
+)
 from conformance.stores._kills import PHASES, Phase, SaveKill, killed_writer
 from conformance.stores._stores import STORES, OpenStore, Store, StoreName
 
@@ -20,4 +26,6 @@ __all__ = [
     "StreamFault",
     "failing_writer",
     "killed_writer",
+    "with_fault",
+    "with_read_fault",
 ]

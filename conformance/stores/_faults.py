@@ -6,7 +6,8 @@ layer every stream of its ``write_data`` and ``finish`` is opened through) write
 ``at_byte`` bytes of the chosen kind of file, then strikes: ``StreamFault`` raises an
 ``OSError`` with a chosen ``errno`` (what a full disk, ``ENOSPC``, or a failing one, ``EIO``,
 does to ``write``); ``StreamKill`` kills the writing process with SIGKILL. Nothing sleeps or
-races: the fault falls at that byte, every run.
+races: the fault falls at that byte, every run. ``with_fault`` strikes another writer's file
+system so (an ``FsspecWriter``'s), ``with_read_fault`` a reader's reads.
 """
 
 from __future__ import annotations
@@ -133,6 +134,49 @@ def with_fault(writer: Any, fault: ByteFault | None) -> Any:
     if fault is not None:
         writer.fs = _FailingFileSystem(writer.fs, fault)
     return writer
+
+
+class _ReadsFail:
+    """A readable stream whose reads strike ``fault`` at once; everything else is its own."""
+
+    def __init__(self, stream: Any, fault: StreamFault, path: Path) -> None:
+        self._stream, self._fault, self._path = stream, fault, path
+
+    def read(self, *_: Any) -> bytes:
+        self._fault.strike(self._path)
+        raise AssertionError(f"{self._fault} did not strike at {self._path}")
+
+    readinto = read
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _FailingReads:
+    """A reader's file system whose ``fault.kind`` streams opened for reading fail."""
+
+    def __init__(self, fs: Any, fault: StreamFault) -> None:
+        self._fs, self._fault = fs, fault
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with self._fs.create_stream(path, mode) as stream:
+            if "r" in mode and is_of_kind(Path(path), self._fault.kind):
+                yield _ReadsFail(stream, self._fault, Path(path))
+            else:
+                yield stream
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_fs", "_fault"):
+            raise AttributeError(name)
+        return getattr(self._fs, name)
+
+
+def with_read_fault(reader: Any, fault: StreamFault) -> Any:
+    """``reader`` (a ``FileSystemReader`` or ``FsspecReader``), every read of its
+    ``fault.kind`` files failing with ``fault``'s error."""
+    reader.fs = _FailingReads(reader.fs, fault)
+    return reader
 
 
 def failing_writer(path: Path, fault: StreamFault | None, **options: Any) -> Any:
