@@ -41,8 +41,11 @@ def _export_launcher_variables(init: msg.Init, rank: int) -> None:
 
 
 def _join_world(init: msg.Init, rank: int) -> None:
-    """Initialise the default process group through the controller's store."""
+    """Initialise the default process group through the controller's store, which
+    ``MASTER_ADDR`` and ``MASTER_PORT`` name, as every launcher's do."""
     import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR=init.store_host, MASTER_PORT=str(init.store_port))
 
     devices.bind(init.spec.device_type, init.spec.device_index(rank))  # one node
     store = dist.TCPStore(

@@ -20,10 +20,17 @@ keys in different orders.
   ``Stateful`` objects whose ``load_state_dict`` runs a collective: DCP must call them in
   one order on every rank (else the collectives pair wrongly or hang) and give each its
   own saved state.
+- **The job's store under a prefix.** With ``DCP_USE_PREFIX_STORE=1`` the process
+  checkpointer's processes make their group in the job's own store (``MASTER_ADDR``,
+  ``MASTER_PORT``) under a prefix, asking no free port. The variable is read as the processes
+  start, so the check ends any this trainer started before, and asks a fresh world after it.
+  An async save through them loads back, bit for bit, what was saved.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +45,7 @@ from conformance._upstream import dcp, dtensor, quiet_deprecations, with_paramet
 from conformance.compare import assert_trees_identical, every_rank
 from conformance.models.common import seeded_mlp
 from conformance.models.optimizers import adam
-from conformance.training import read_whole
+from conformance.training import read_whole, skip_unless_checkpointer, start_async_save
 
 HELPER = "conformance.checks._without_a_process_group"
 HELPER_DEADLINE_S = 120
@@ -222,3 +229,33 @@ def test_stateful_objects_load_in_one_order_whatever_order_each_rank_holds_them(
         assert torch.equal(loaded, saved[name]), (
             f"rank {world.rank}: {name} loaded {loaded.tolist()}, saved {saved[name].tolist()}"
         )
+
+
+@pytest.mark.world(2)
+def test_the_process_checkpointer_can_join_the_jobs_store_under_a_prefix(world):
+    skip_unless_checkpointer("process")
+    if not world.respawn_after_test():
+        pytest.skip("the checkpointer process starts once per trainer; torchrun cannot respawn")
+    executor = importlib.import_module("torch.distributed.checkpoint._async_process_executor")
+    init_info = getattr(executor, "_ProcessGroupInitInfo", None)
+    if "use_prefix_store" not in getattr(init_info, "__annotations__", {}):
+        pytest.skip("this release's process checkpointer has no DCP_USE_PREFIX_STORE")
+    executor._CHECKPOINT_PROCESS = None  # an earlier test's process ends as it is dropped
+    state = {f"rank{world.rank}": torch.arange(64.0) + world.rank, "shared": torch.ones(8)}
+    checkpoint = world.tmp_path / "prefixed"
+    group = dist.new_group(backend="gloo")
+    job_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    keys_before = job_store.num_keys()
+    os.environ["DCP_USE_PREFIX_STORE"] = "1"
+    try:
+        start_async_save(state, checkpoint, None, "process", group).finish()
+    finally:
+        del os.environ["DCP_USE_PREFIX_STORE"]
+    assert job_store.num_keys() > keys_before, (
+        f"rank {world.rank}: the checkpointer processes wrote no key to the job's store"
+    )
+    loaded = {key: torch.zeros_like(value) for key, value in state.items()}
+    dcp.load(loaded, checkpoint_id=str(checkpoint))
+    assert_trees_identical(loaded, state, f"rank {world.rank}")
