@@ -26,7 +26,11 @@ The cases, the rest of upstream's ``test_fsdp_optim_state.py``:
   parameter is refused by both.
 - A first parameter without state; state without ``param_groups``; ``load_directly``.
 - Parameters whose ``requires_grad`` changes between steps.
-- Plain layers whose names depend on the rank, under Adam and a ``_NamedOptimizer``.
+- Plain layers whose names depend on the rank, under Adam and a ``_NamedOptimizer``, whose
+  state loads back (``is_named_optimizer``) after more steps; and beside a HYBRID_SHARD
+  part on a 2-D mesh, whose sharded state is DTensors.
+- ``FSDP.optim_state_dict`` given the optimizer's own state dict, under the default config,
+  SHARDED, and FULL with ``rank0_only`` and ``offload_to_cpu``.
 - The deprecated ``optim_input`` argument: it warns, and gives the same result.
 """
 
@@ -44,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 import reference_impl as ri
-from conformance._upstream import dist_optim, fsdp, quiet_deprecations, sharded_tensor
+from conformance._upstream import dist_optim, dtensor, fsdp, quiet_deprecations, sharded_tensor
 from conformance.cells import SubWorld
 from conformance.compare import assert_state_dict_equal, assert_trees_identical
 from conformance.models import fsdp1_small as small
@@ -427,31 +431,118 @@ def _adam(model: nn.Module) -> torch.optim.Optimizer:
     return adam(model)
 
 
-def _rank_dependent_saved(world: Any, build: Callable[[nn.Module], Any]) -> dict[str, Any]:
-    """``RankDependent`` after two steps: torch's full optimizer state, checked against the
-    oracle's. The model clears gradients: a NamedOptimizer lacks what ``zero_grad`` needs."""
+def _rank_dependent_saved(
+    world: Any, build: Callable[[nn.Module], Any]
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """``RankDependent`` after two steps, its optimizer, and torch's full optimizer state,
+    checked against the oracle's."""
     model = small.RankDependent(world.rank, world.device)
     optimizer = build(model)
-    for step in range(2):
-        model.zero_grad()
-        model(small.seeded_batch(8)(step)).pow(2).mean().backward()
-        optimizer.step()
+    _rank_dependent_steps(model, optimizer, range(2))
     theirs = under_optim_settings(
         model, "full", lambda: fsdp1_api("optim_state_dict")(model, optimizer)
     )
     ours = ri.fsdp_optim_state_dict(model, optimizer)
     assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
-    return ours
+    return model, optimizer, theirs
+
+
+def _rank_dependent_steps(model: nn.Module, optimizer: Any, steps: range) -> None:
+    """The model clears gradients: a NamedOptimizer lacks what ``zero_grad`` needs."""
+    for step in steps:
+        model.zero_grad()
+        model(small.seeded_batch(8)(step)).pow(2).mean().backward()
+        optimizer.step()
 
 
 @pytest.mark.world(2)
 def test_rank_dependent_plain_layers_with_adam_and_a_named_optimizer(world):
     """Each rank saves its own plain layer beside the FSDP1 state, for an Adam and for a
-    NamedOptimizer alike: both match the oracle, and equal each other."""
-    by_adam = _rank_dependent_saved(world, _adam)
-    by_named = _rank_dependent_saved(world, _named_adam)
+    NamedOptimizer alike: both match the oracle, and equal each other. The named optimizer's
+    state, loaded back after five more steps (``is_named_optimizer=True``), saves again as
+    it was saved."""
+    _, _, by_adam = _rank_dependent_saved(world, _adam)
+    model, named, by_named = _rank_dependent_saved(world, _named_adam)
     assert f"sparse{min(world.rank, 1)}.weight" in by_adam["state"]
-    assert_trees_identical(by_named["state"], by_adam["state"])
+    assert_trees_identical(
+        state_names_sorted(by_named)["state"], state_names_sorted(by_adam)["state"]
+    )
+    _rank_dependent_steps(model, named, range(2, 7))
+    to_load = fsdp1_api("optim_state_dict_to_load")
+    load = functools.partial(
+        to_load, model, named, copy.deepcopy(by_named), is_named_optimizer=True
+    )
+    named.load_state_dict(under_optim_settings(model, "full", load))
+    again = under_optim_settings(model, "full", lambda: fsdp1_api("optim_state_dict")(model, named))
+    assert_trees_identical(state_names_sorted(again), state_names_sorted(by_named))
+
+
+@pytest.mark.world(4)
+def test_rank_dependent_plain_layers_beside_hybrid_sharded_state(world):
+    """The dense part HYBRID_SHARD on a (2, 2) mesh, the root not FSDP1: the SHARDED
+    ``FSDP.optim_state_dict`` of the optimizer's state holds the dense part's moments as
+    DTensors ``(Replicate(), Shard(0))`` and the plain layer's as plain tensors, as the
+    oracle's does."""
+    mesh = world.mesh((2, 2), ("replicate", "shard"))
+    hybrid = {"sharding_strategy": fsdp.ShardingStrategy.HYBRID_SHARD, "device_mesh": mesh}
+    model = small.RankDependent(world.rank, world.device, **hybrid)
+    optimizer = adam(model)
+    _rank_dependent_steps(model, optimizer, range(2))
+    save = fsdp1_api("optim_state_dict")
+    theirs = under_optim_settings(
+        model, "sharded", lambda: save(model, optimizer, optimizer.state_dict())
+    )
+    ours = ri.fsdp_optim_state_dict(model, optimizer, shard_state=True)
+    assert_trees_identical(state_names_sorted(theirs), state_names_sorted(ours))
+    for fqn, state in theirs["state"].items():
+        for moment in ("exp_avg", "exp_avg_sq"):
+            value = state[moment]
+            if fqn.startswith("dense."):
+                placements = (dtensor.Replicate(), dtensor.Shard(0))
+                assert isinstance(value, dtensor.DTensor), f"{fqn}.{moment}: {type(value)}"
+                assert tuple(value.placements) == placements, f"{fqn}.{moment}: {value.placements}"
+            else:
+                assert type(value) is torch.Tensor, f"{fqn}.{moment}: {type(value).__name__}"
+
+
+@pytest.mark.world(2)
+def test_optim_state_dict_of_the_optimizers_own_state_dict_under_each_config(world):
+    """``FSDP.optim_state_dict(..., optim_state_dict=optimizer.state_dict())`` equals the
+    call without it and the oracle's, under the default config (no ``state_dict_type``: full
+    and offloaded, no ShardedTensor), SHARDED on device, and FULL with ``rank0_only`` and
+    ``offload_to_cpu`` together (rank 0's state on the CPU, ``{}`` on the others)."""
+    model = small.fsdp1(small.four_linears(), world.device)
+    optimizer = adam(model)
+    _train(model, optimizer, 1, width=8)
+    own = copy.deepcopy(optimizer.state_dict())
+    save = fsdp.FullyShardedDataParallel.optim_state_dict
+    default = save(model, optimizer, optim_state_dict=copy.deepcopy(own))
+    assert_trees_identical(default, save(model, optimizer))
+    assert_trees_identical(default, ri.fsdp_optim_state_dict(model, optimizer, cpu_offload=True))
+    assert {str(value.device) for value in _tensors(default)} == {"cpu"}
+    sharded = under_optim_settings(
+        model, "sharded", lambda: save(model, optimizer, optim_state_dict=copy.deepcopy(own))
+    )
+    assert_trees_identical(sharded, ri.fsdp_optim_state_dict(model, optimizer, shard_state=True))
+    settings = (
+        fsdp.StateDictType.FULL_STATE_DICT,
+        fsdp.FullStateDictConfig(),
+        fsdp.FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True),
+    )
+    with quiet_deprecations(), fsdp.FullyShardedDataParallel.state_dict_type(model, *settings):
+        on_rank_0 = save(model, optimizer, optim_state_dict=copy.deepcopy(own))
+    expected = ri.fsdp_optim_state_dict(model, optimizer, rank0_only=True, cpu_offload=True)
+    assert_trees_identical(on_rank_0, expected)
+    assert (on_rank_0 == {}) == (world.rank != 0), f"rank {world.rank}: {list(on_rank_0)}"
+
+
+def _tensors(optim_state_dict: dict[str, Any]) -> list[torch.Tensor]:
+    return [
+        value
+        for state in optim_state_dict["state"].values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
 
 
 @pytest.mark.world(2)

@@ -362,10 +362,11 @@ class RankDependent(nn.Module):
     """An FSDP1 dense part behind a plain layer whose name depends on the rank (``sparse0`` on
     rank 0, ``sparse1`` elsewhere), as model-parallel embeddings sit beside FSDP1."""
 
-    def __init__(self, rank: int, device: torch.device) -> None:
+    def __init__(self, rank: int, device: torch.device, **dense_options: Any) -> None:
+        """``dense_options``: FSDP1's besides ``use_orig_params`` for the dense part."""
         super().__init__()
         torch.manual_seed(SEED)
-        self.dense = fsdp1(four_linears(), device, use_orig_params=True)
+        self.dense = fsdp1(four_linears(), device, use_orig_params=True, **dense_options)
         self.add_module(f"sparse{min(rank, 1)}", nn.Linear(8, 8).to(device))
         self.sparse = getattr(self, f"sparse{min(rank, 1)}")
 
