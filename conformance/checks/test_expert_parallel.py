@@ -22,6 +22,9 @@ Here, what upstream's test asks of the layout, after two steps:
   (its expert's ranks, or the whole world);
 - the optimizer state is keyed by exactly the rank's parameters;
 - every rank's full state together is the single-process state, bit for bit.
+
+The same layout under FSDP1 (given device meshes, each rank's expert over its ranks' mesh)
+is judged on its sharded state dicts, before any step, as upstream's test judges it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 
-from conformance._upstream import dsd, dtensor, full_options
+from conformance._upstream import device_mesh, dsd, dtensor, full_options
 from conformance.cells import PARALLELISMS, first_size_and_four
 from conformance.compare import assert_state_dict_equal, whole_model_state, whole_optimizer_state
-from conformance.models.experts import EXPERTS
+from conformance.models import fsdp1_small as small_fsdp1
+from conformance.models.experts import EXPERTS, seeded_mixture
 from conformance.models.optimizers import OPTIMIZERS
 from conformance.models.zoo import truth_of
 from conformance.training import trained
@@ -85,3 +91,42 @@ def test_each_rank_holds_its_experts_alone(world, cell):
     assert_state_dict_equal(whole_model_state(full_model), truth.model)
     full_optimizer = dsd.get_optimizer_state_dict(model, optimizer, options=full_options())
     assert_state_dict_equal(whole_optimizer_state(full_optimizer)["state"], truth.optimizer_state)
+
+
+@pytest.mark.world(4)
+def test_fsdp1_shards_each_expert_over_its_ranks_and_the_rest_over_all(world):
+    """The layout of upstream's test under FSDP1 (``use_orig_params``, given device meshes):
+    each rank's expert wrapped over a 1-D mesh of the ranks that hold it (made from their
+    group), the model over the whole world, before any step. ``get_state_dict`` holds every
+    shared key and the rank's own expert's; each parameter and its Adam moments are DTensors
+    on the mesh of the ranks that hold it; the optimizer state is keyed by those parameters."""
+    groups = [dist.new_group(_owners(f"experts.{index}.", world.size)) for index in range(EXPERTS)]
+    mine = _expert_of(world.rank)
+    expert_mesh = device_mesh.DeviceMesh.from_group(
+        groups[mine], world.device_type, mesh_dim_names=("dp",)
+    )
+    model = seeded_mixture().to(world.device)
+    parameters = {
+        name
+        for name, _ in model.named_parameters()
+        if not name.startswith("experts.") or name.startswith(f"experts.{mine}.")
+    }
+    expected = {key for key in model.state_dict() if key in parameters or "experts." not in key}
+    for index in range(EXPERTS):
+        if index == mine:
+            model.experts[index] = small_fsdp1.fsdp1(
+                model.experts[index], world.device, use_orig_params=True, device_mesh=expert_mesh
+            )
+        else:
+            model.experts._modules[str(index)] = None
+    world_mesh = world.mesh(world.size, ("world",))
+    model = small_fsdp1.fsdp1(model, world.device, use_orig_params=True, device_mesh=world_mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model_state, optimizer_state = dsd.get_state_dict(model, optimizer)
+    assert set(model_state) == expected, f"rank {world.rank} holds {sorted(model_state)}"
+    assert set(optimizer_state["state"]) == parameters, sorted(optimizer_state["state"])
+    for key in sorted(parameters):
+        _assert_on_its_owners(key, model_state[key], world.size)
+        for entry in ("exp_avg", "exp_avg_sq"):
+            value = optimizer_state["state"][key][entry]
+            _assert_on_its_owners(f"{key}:{entry}", value, world.size)

@@ -381,8 +381,25 @@ def _trained_inner_outer(world: Any, wrap: str) -> nn.Module:
 @pytest.mark.parametrize("kind", KINDS)
 def test_state_dict_save_load_flow_matches_ddp(world, kind):
     """FSDP1 trained, saved and loaded into a blank model ends where DDP's training does."""
+    _assert_a_load_ends_where_ddp_does(world, kind, lambda value: value)
+
+
+@pytest.mark.world(2)
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_dict_moved_to_the_cpu_loads_as_saved(world, kind):
+    """As above, the saved tensors (the local shards of sharded and local state) moved from
+    the accelerator to the CPU before the load."""
+    if world.device.type == "cpu":
+        pytest.skip("the state is on the CPU already: the move runs on accelerator worlds")
+    _assert_a_load_ends_where_ddp_does(world, kind, _moved_to_cpu)
+
+
+def _assert_a_load_ends_where_ddp_does(
+    world: Any, kind: str, before_load: Callable[[Any], Any]
+) -> None:
     fsdp_model = _trained_inner_outer(world, "fsdp")
     saved = _everywhere(_saved(fsdp_model, kind, world.device), kind)
+    saved = {key: before_load(value) for key, value in saved.items()}
     ddp_values = {
         key: v for key, v in _trained_inner_outer(world, "ddp").module.state_dict().items()
     }
@@ -391,6 +408,15 @@ def test_state_dict_save_load_flow_matches_ddp(world, kind):
         load(blank, copy.copy(saved), kind)
         with _loaded_by(loader):
             assert_state_dict_equal(_values(blank), ddp_values)
+
+
+def _moved_to_cpu(value: Any) -> Any:
+    """``value`` on the CPU; a ShardedTensor keeps its metadata, its local shards moved."""
+    if isinstance(value, sharded_tensor.ShardedTensor):
+        for shard in value.local_shards():
+            shard.tensor = shard.tensor.cpu()
+        return value
+    return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
 @pytest.mark.world(2)
