@@ -13,7 +13,9 @@ size it has:
   saved.
 
 After the load, every parameter and persistent buffer lies on the rank's device (none is
-left on meta). Each holds the single-process value after ``SAVED_AFTER`` steps. An optimizer
+left on meta). After a full load, each sharded parameter's piece lies in memory of its own,
+smaller than the whole tensor: not a view of the full tensor it was cut from. Each holds the
+single-process value after ``SAVED_AFTER`` steps. An optimizer
 built then is given the full optimizer state, broadcast from rank 0 where the model was. It
 trains on to exactly what ``SAVED_AFTER + MORE_STEPS`` single-process steps give. DDP wraps
 only real tensors (it broadcasts rank 0's at construction), so users materialize the model
@@ -44,7 +46,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance._upstream import dsd, full_options
+from conformance._upstream import dsd, dtensor, full_options
 from conformance.cells import (
     PARALLELISMS,
     Parallelism,
@@ -93,6 +95,7 @@ def _load_full(
         truth = truth.held_by(model)
     dsd.set_model_state_dict(model, truth.model if holds_it else {}, options=options)
     _assert_none_on_meta(model, world)
+    _assert_each_piece_holds_its_share_alone(model, world)
     optimizer, _ = OPTIMIZERS[RECIPE].build(model)
     optim_state = truth.optimizer_state_dict if holds_it else {}
     dsd.set_optimizer_state_dict(model, optimizer, optim_state, options=options)
@@ -116,6 +119,30 @@ def _assert_none_on_meta(model: nn.Module, world: Any) -> None:
     pieces = local_tensors_by_path(dsd.get_model_state_dict(model))
     elsewhere = sorted(f"{path} on {t.device}" for path, t in pieces if t.device != world.device)
     assert not elsewhere, f"rank {world.rank}: not on {world.device} after the load: {elsewhere}"
+
+
+def _assert_each_piece_holds_its_share_alone(model: nn.Module, world: Any) -> None:
+    """A sharded parameter's local tensor, loaded from a full state dict, lies in memory of
+    its own no larger than the whole tensor: a view of the full tensor it was cut from would
+    keep that whole tensor alive on every rank (the memory a big model's load must not take)."""
+    kept_whole = []
+    for name, param in model.named_parameters():
+        if not isinstance(param, dtensor.DTensor) or not _split(param):
+            continue
+        local = param.to_local()
+        whole = param.numel() * param.element_size()
+        if local.numel() and local.untyped_storage().nbytes() >= whole:
+            kept_whole.append(f"{name}: {local.untyped_storage().nbytes()} bytes for {whole}")
+    assert not kept_whole, f"rank {world.rank}: pieces in storage of the whole: {kept_whole}"
+
+
+def _split(param: Any) -> bool:
+    """Whether ``param`` is cut into pieces over more than one rank."""
+    mesh = param.device_mesh
+    return any(
+        isinstance(placement, dtensor.Shard) and mesh.size(dim) > 1
+        for dim, placement in enumerate(param.placements)
+    )
 
 
 @pytest.mark.world(1, 2, 4, applies=exists_at_size("cell"))

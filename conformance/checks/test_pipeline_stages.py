@@ -23,14 +23,21 @@ Here, after two steps:
 Also, the nested optimizer state (the default form) of a pipeline is saved through DCP and
 resumed. Each stage saves its param groups under the same keys, with its own parameter names.
 A correct build keeps every stage's, so the resumed stages train on as one process.
+
+And stages built as upstream's pipeline test builds them (the whole model on meta, each rank
+materializing its own part) save a checkpoint FSDP1 loads, each part as its stage saved it.
 """
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import pytest
 import torch
+from torch import nn
 
-from conformance._upstream import dsd, full_options
+from conformance._upstream import dcp, dsd, full_options
 from conformance.cells import PARALLELISMS, first_size_and_four
 from conformance.compare import (
     HELD,
@@ -39,6 +46,7 @@ from conformance.compare import (
     whole_model_state,
     whole_optimizer_state,
 )
+from conformance.models import fsdp1_small as small_fsdp1
 from conformance.models.common import MLPWithBuffers, ground_truth, seeded_mlp, train
 from conformance.models.optimizers import OPTIMIZERS
 from conformance.training import (
@@ -113,3 +121,52 @@ def _groups_lacking_hyper_parameters(optimizer: torch.optim.Optimizer) -> list[s
         for index, group in enumerate(optimizer.param_groups)
         if set(optimizer.defaults) - set(group)
     ]
+
+
+@pytest.mark.world(2)
+def test_stages_built_on_meta_save_their_part_and_fsdp1_loads_it(world):
+    """Upstream's pipeline flow: the whole model made on meta, each rank materializing its
+    stage's part alone (``MLPWithBuffers.stages``, the seeded values) and stepping an Adam
+    over that part; ``get_state_dict`` of the whole model, the other stage's entries still on
+    meta, saved by ``dcp.save``. FSDP1 loads the checkpoint at the same size: every
+    parameter, buffer and optimizer state comes back as the stage that held it saved it."""
+    stage = MLPWithBuffers.stages[world.rank]
+    model, optimizer = _a_stage_on_meta(stage, world.device)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer)
+    path = str(world.tmp_path / "pipeline")
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    saved_model = {key: model_state[key].clone() for key in _stage_keys(world.rank)}
+    saved_state = copy.deepcopy(optim_state["state"])
+    loaded = small_fsdp1.fsdp1(seeded_mlp(), world.device)
+    loaded_optimizer = OPTIMIZERS["adam"].build(loaded)[0]
+    templates = dsd.get_state_dict(loaded, loaded_optimizer)
+    dcp.load({"model": templates[0], "optim": templates[1]}, checkpoint_id=path)
+    dsd.set_state_dict(
+        loaded, loaded_optimizer, model_state_dict=templates[0], optim_state_dict=templates[1]
+    )
+    full_model = dsd.get_model_state_dict(loaded, options=full_options())
+    full_optim = dsd.get_optimizer_state_dict(loaded, loaded_optimizer, options=full_options())
+    assert_state_dict_equal({key: full_model[key] for key in saved_model}, saved_model)
+    for key, state in saved_state.items():
+        assert_state_dict_equal(full_optim["state"][key], state)
+
+
+def _a_stage_on_meta(stage: tuple[str, ...], device: torch.device) -> tuple[nn.Module, Any]:
+    """The MLP made on meta with ``stage``'s submodules and buffers materialized on
+    ``device`` (the seeded values), and an Adam over their parameters, stepped once."""
+    seeded = seeded_mlp().to(device)
+    with torch.device("meta"):
+        model = MLPWithBuffers()
+    parameters = []
+    for name in stage:
+        if isinstance(getattr(model, name), nn.Module):
+            part = getattr(model, name).to_empty(device=device)
+            part.load_state_dict(getattr(seeded, name).state_dict())
+            parameters += list(part.parameters())
+        else:
+            model.register_buffer(name, getattr(seeded, name).clone())
+    optimizer = torch.optim.Adam(parameters, lr=0.01)
+    for parameter in parameters:
+        parameter.grad = torch.full_like(parameter, 0.5)
+    optimizer.step()
+    return model, optimizer
