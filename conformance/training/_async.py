@@ -159,12 +159,20 @@ STAGINGS: dict[str, Staging] = {
             ),
             needs=f"{_PINNED} and {_NON_BLOCKING}",
         ),
-        # The stager a caller makes once and keeps: shared memory, staged in the background.
+        # The stager a caller makes once and keeps, staging in the background into shared
+        # memory, pinned memory, or neither.
         Staging(
             "stager_kept",
             _options(use_shared_memory=True, use_async_staging=True),
             cached=True,
         ),
+        Staging(
+            "stager_kept_pinned",
+            _options(use_pinned_memory=True, use_async_staging=True),
+            cached=True,
+            needs=_PINNED,
+        ),
+        Staging("stager_kept_plain", _options(use_async_staging=True), cached=True),
     )
 }
 
