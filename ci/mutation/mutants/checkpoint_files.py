@@ -6,7 +6,9 @@ writes to stores besides a local folder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -65,6 +67,15 @@ def _renames_by_copying(original: Fn) -> Fn:
     return rename
 
 
+def _keeps_a_failed_file(original: Fn) -> Fn:
+    @contextmanager
+    def create_stream(self: Any, path: Any, mode: str) -> Iterator[Any]:
+        with self.fs.open(os.fspath(path), mode) as stream:
+            yield stream  # the bug: a stream that fails leaves its part of the file behind
+
+    return create_stream
+
+
 def _widens_narrow_floats(original: Fn) -> Fn:
     def write_item(transforms: Any, stream: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         narrow = isinstance(data, torch.Tensor) and data.is_floating_point()
@@ -106,6 +117,14 @@ MUTANTS = [
         ".metadata.tmp beside its .metadata",
         _renames_by_copying,
         f"{STORES}::test_a_checkpoint_in_a_store_holds_and_loads_what_local_disk_does",
+    ),
+    mutant_maker(FSSPEC, STORES)(
+        "fsspec_keeps_the_part_of_a_failed_file",
+        "FileSystem.create_stream",
+        "the fsspec store leaves the part of a data file written before its stream failed: a "
+        "failed save leaves a file cut short among the whole ones",
+        _keeps_a_failed_file,
+        f"{STORES}::test_a_stream_the_store_fails_is_removed_and_one_read_is_kept",
     ),
     mutant_maker(FILESYSTEM, LOW_PRECISION)(
         "narrow_floats_stored_as_float32",

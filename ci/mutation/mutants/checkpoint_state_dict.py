@@ -51,6 +51,13 @@ def _fqns_keeping(prefix_flag: str) -> Callable[[Fn], Fn]:
     return mutate
 
 
+def _fqn_modifiers_unread(original: Fn) -> Fn:
+    def iterate(model: Any, *_: Any, **__: Any) -> Any:
+        return original(model, "_no_module_has_this")
+
+    return iterate
+
+
 def _compile_prefix_stripped_at_the_top_only(original: Fn) -> Fn:
     def fqns(model: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         names = ("dsd_fqn_modifiers", "skip_ddp_prefix", "skip_compiler_prefix")
@@ -335,6 +342,14 @@ def _with_compiled_group_key(key: str, compiled: dict[str, str]) -> str:
 _mutant = mutant_maker(CHECKPOINT_STATE_DICT, GET_SET, MODELS, FULL, FAILURES)
 
 MUTANTS = [
+    _mutant(
+        "fqn_modifiers_unread",
+        "_iterate_valid_model_state",
+        "a module's `_fqn_modifiers` are never read: a key its state-dict hooks rename cannot "
+        "be matched to the attribute it lives in, and its loads miss that key",
+        _fqn_modifiers_unread,
+        "conformance/checks/test_renamed_keys.py",
+    ),
     _mutant(
         "ddp_prefix_kept",
         "_get_fqns",

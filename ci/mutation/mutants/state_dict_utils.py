@@ -17,6 +17,7 @@ UTILS = "conformance/checks/test_state_dict_utils.py"
 UPSTREAM_CASES = "conformance/checks/test_state_dict_utils_upstream_cases.py"
 PEAK_MEMORY = "conformance/checks/test_peak_memory.py"
 LOADING = "conformance/checks/test_loading_leaves_its_input.py"
+META = "conformance/checks/test_meta_device_loads.py"
 
 
 def _gather_returns_local_shards(original: Fn) -> Fn:
@@ -145,6 +146,31 @@ def _distribute_shifts_uneven_pieces(original: Fn) -> Fn:
             if uneven:
                 piece = value.to_local()
                 piece.copy_(rows_shifted(piece))
+
+    return distribute
+
+
+def _distribute_keeps_views_of_the_full_tensor(original: Fn) -> Fn:
+    def distribute(local: dict[str, Any], keys: list[str], *args: Any, **kwargs: Any) -> None:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        views = {}
+        for key in keys:
+            entry = local.get(key)
+            if entry is None or torch.is_tensor(entry) or not entry[0].is_meta:
+                continue
+            meta, full = entry
+            shape, offset = compute_local_shape_and_global_offset(
+                full.shape, meta.device_mesh, meta.placements
+            )
+            piece = full[
+                tuple(slice(o, o + n) for n, o in zip(shape, offset, strict=True))
+            ].detach()
+            views[key] = DTensor.from_local(
+                piece, meta.device_mesh, meta.placements, shape=meta.shape, stride=meta.stride()
+            )
+        original(local, keys, *args, **kwargs)
+        local.update(views)
 
     return distribute
 
@@ -317,6 +343,15 @@ MUTANTS = [
         "_unflatten_state_dict",
         "list positions are restored as string keys of dicts",
         _unflatten_turns_lists_into_dicts,
+    ),
+    _mutant(
+        "distribute_keeps_views_of_the_full_tensor",
+        "_distribute_tensors",
+        "a model built on meta, loaded from a full state dict, gets each piece as a view of "
+        "the full tensor it was cut from (no copy): right values, and every rank keeps every "
+        "whole tensor alive",
+        _distribute_keeps_views_of_the_full_tensor,
+        META,
     ),
     _memory_mutant(
         "gather_holds_every_tensor_outside_ranks_only",
