@@ -106,40 +106,10 @@ class _FailingStream:
         return getattr(self._stream, name)
 
 
-class _FailingFileSystem:
-    """DCP's local file system with ``fault`` in the streams it opens for writing. Picklable,
-    for a writer a checkpointer process runs."""
-
-    def __init__(self, fs: Any, fault: ByteFault) -> None:
-        self._fs, self._fault = fs, fault
-
-    @contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        with self._fs.create_stream(path, mode) as stream:
-            if "w" in mode and is_of_kind(Path(path), self._fault.kind):
-                yield _FailingStream(stream, self._fault, Path(path))
-            else:
-                yield stream
-
-    def __getattr__(self, name: str) -> Any:
-        # This object's own fields, missing while it is unpickled, must not recurse.
-        if name.startswith("__") or name in ("_fs", "_fault"):
-            raise AttributeError(name)
-        return getattr(self._fs, name)
-
-
-def with_fault(writer: Any, fault: ByteFault | None) -> Any:
-    """``writer`` (a ``FileSystemWriter``), its writes struck as ``fault`` says (None: left
-    as it is)."""
-    if fault is not None:
-        writer.fs = _FailingFileSystem(writer.fs, fault)
-    return writer
-
-
 class _ReadsFail:
     """A readable stream whose reads strike ``fault`` at once; everything else is its own."""
 
-    def __init__(self, stream: Any, fault: StreamFault, path: Path) -> None:
+    def __init__(self, stream: Any, fault: ByteFault, path: Path) -> None:
         self._stream, self._fault, self._path = stream, fault, path
 
     def read(self, *_: Any) -> bytes:
@@ -152,30 +122,44 @@ class _ReadsFail:
         return getattr(self._stream, name)
 
 
-class _FailingReads:
-    """A reader's file system whose ``fault.kind`` streams opened for reading fail."""
+class _FailingFileSystem:
+    """DCP's file system (a writer's, or a reader's where ``reading``) with ``fault`` in the
+    streams of ``fault.kind`` it opens for writing (or reading). Picklable, for a writer a
+    checkpointer process runs."""
 
-    def __init__(self, fs: Any, fault: StreamFault) -> None:
-        self._fs, self._fault = fs, fault
+    def __init__(self, fs: Any, fault: ByteFault, reading: bool = False) -> None:
+        self._fs, self._fault, self._reading = fs, fault, reading
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         with self._fs.create_stream(path, mode) as stream:
-            if "r" in mode and is_of_kind(Path(path), self._fault.kind):
+            struck = ("r" if self._reading else "w") in mode
+            if not struck or not is_of_kind(Path(path), self._fault.kind):
+                yield stream
+            elif self._reading:
                 yield _ReadsFail(stream, self._fault, Path(path))
             else:
-                yield stream
+                yield _FailingStream(stream, self._fault, Path(path))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_fs", "_fault"):
+        # This object's own fields, missing while it is unpickled, must not recurse.
+        if name.startswith("__") or name in ("_fs", "_fault", "_reading"):
             raise AttributeError(name)
         return getattr(self._fs, name)
+
+
+def with_fault(writer: Any, fault: ByteFault | None) -> Any:
+    """``writer`` (a ``FileSystemWriter``), its writes struck as ``fault`` says (None: left
+    as it is)."""
+    if fault is not None:
+        writer.fs = _FailingFileSystem(writer.fs, fault)
+    return writer
 
 
 def with_read_fault(reader: Any, fault: StreamFault) -> Any:
     """``reader`` (a ``FileSystemReader`` or ``FsspecReader``), every read of its
     ``fault.kind`` files failing with ``fault``'s error."""
-    reader.fs = _FailingReads(reader.fs, fault)
+    reader.fs = _FailingFileSystem(reader.fs, fault, reading=True)
     return reader
 
 
