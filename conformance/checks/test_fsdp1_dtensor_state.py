@@ -21,7 +21,6 @@ where some tensors' last shards are empty. After two Adam steps, on device and o
 from __future__ import annotations
 
 import copy
-import io
 from typing import Any
 
 import pytest
@@ -33,6 +32,7 @@ from conformance.cells import PARALLELISMS, exists_at_size
 from conformance.compare import assert_trees_identical
 from conformance.models.common import seeded_mlp, train
 from conformance.models.optimizers import adam
+from conformance.training import through_torch_save
 
 TWINNED = [name for name, cell in PARALLELISMS.items() if cell.on_process_groups is not None]
 ON_A_MESH = [name for name, cell in PARALLELISMS.items() if cell.fsdp1 and cell.fsdp1_mesh]
@@ -65,14 +65,6 @@ def _state_dicts(model: Any, optimizer: Any, offload: bool) -> tuple[Any, Any]:
     """The SHARDED model state dict and ``FSDP.optim_state_dict``."""
     with quiet_deprecations(), _sharded(model, offload):
         return model.state_dict(), fsdp.FullyShardedDataParallel.optim_state_dict(model, optimizer)
-
-
-def _through_a_file(state_dict: dict[str, Any]) -> dict[str, Any]:
-    buffer = io.BytesIO()
-    torch.save(state_dict, buffer)
-    buffer.seek(0)
-    loaded: dict[str, Any] = torch.load(buffer, weights_only=False)
-    return loaded
 
 
 def _assert_same_shard(where: str, on_mesh: Any, on_groups: Any, offload: bool) -> None:
@@ -151,7 +143,7 @@ def test_sharded_optimizer_state_matches_the_oracle(world, name, side, offload):
 def test_a_sharded_state_dict_loads_back_from_torch_save(world, name, offload):
     model, optimizer = _trained(world, name)
     with quiet_deprecations(), _sharded(model, offload):
-        saved = _through_a_file(model.state_dict())
+        saved = through_torch_save(model.state_dict())
         expected = copy.deepcopy(model.state_dict())
         train(model, optimizer, 1)
         model.load_state_dict(saved)
@@ -165,7 +157,7 @@ def test_a_sharded_optimizer_state_dict_loads_back_from_torch_save(world, name, 
     model, optimizer = _trained(world, name)
     api = fsdp.FullyShardedDataParallel
     with quiet_deprecations(), _sharded(model, offload):
-        saved = _through_a_file(api.optim_state_dict(model, optimizer))
+        saved = through_torch_save(api.optim_state_dict(model, optimizer))
         expected = copy.deepcopy(api.optim_state_dict(model, optimizer))
         train(model, optimizer, 1)
         optimizer.load_state_dict(api.optim_state_dict_to_load(model, optimizer, saved))

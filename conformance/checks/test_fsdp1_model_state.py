@@ -26,7 +26,6 @@ rank.
 from __future__ import annotations
 
 import copy
-import io
 from typing import Any
 
 import pytest
@@ -43,6 +42,7 @@ from conformance.training import (
     MODEL_KINDS,
     model_settings,
     oracle_model_state_dict,
+    through_torch_save,
     torch_model_load,
     torch_model_state_dict,
 )
@@ -58,16 +58,6 @@ def _wrapped(world: Any, name: str, steps: int = 2) -> Any:
     if steps:
         train(model, adam(model), steps)
     return model
-
-
-def _through_a_file(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """``state_dict`` saved by ``torch.save`` and read back by ``torch.load`` (its
-    ShardedTensors and DTensors pickled whole)."""
-    buffer = io.BytesIO()
-    torch.save(state_dict, buffer)
-    buffer.seek(0)
-    loaded: dict[str, Any] = torch.load(buffer, weights_only=False)
-    return loaded
 
 
 def _refused(name: str, state_dict_type: fsdp.StateDictType) -> bool:
@@ -149,7 +139,7 @@ def test_loading_matches_the_oracle(world, name, kind):
     state_dict_type = model_settings(kind)[0]
     if _refused(name, state_dict_type):
         pytest.skip(f"FSDP1 has no {state_dict_type.name} for {name}")
-    saved = _through_a_file(oracle_model_state_dict(_wrapped(world, name), kind))
+    saved = through_torch_save(oracle_model_state_dict(_wrapped(world, name), kind))
     by_torch, by_oracle = _wrapped(world, name, steps=0), _wrapped(world, name, steps=0)
     torch_model_load(by_torch, copy.copy(saved), kind)
     ri.fsdp_load_state_dict(by_oracle, copy.copy(saved), state_dict_type)

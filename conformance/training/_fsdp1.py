@@ -1,10 +1,13 @@
 """What the FSDP1 tests share: the cells, the model and optimizer state-dict settings of each
-kind, name order, the deprecated legacy APIs."""
+kind, name order, the deprecated legacy APIs, a state dict through ``torch.save``."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 import reference_impl as ri
 from conformance._upstream import fsdp, quiet_deprecations
@@ -125,3 +128,13 @@ def fsdp1_api(name: str) -> Callable[..., Any]:
             return function(*args, **kwargs)
 
     return call
+
+
+def through_torch_save(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` saved by ``torch.save`` and read back by ``torch.load`` (its
+    ShardedTensors and DTensors pickled whole), as a user keeping FSDP1's state in a file."""
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    loaded: dict[str, Any] = torch.load(buffer, weights_only=False)
+    return loaded
