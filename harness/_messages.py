@@ -60,6 +60,7 @@ class TestRequest:
 
     __test__ = False  # not a pytest test class
 
+    nodeid: str
     module_name: str
     module_path: str
     qualname: str
@@ -74,6 +75,7 @@ class TestRequest:
     def of(
         cls,
         *,
+        nodeid: str,
         module_name: str,
         module_path: str,
         qualname: str,
@@ -84,7 +86,14 @@ class TestRequest:
     ) -> TestRequest:
         pickled = pickle.dumps(params)
         return cls(
-            module_name, module_path, qualname, pickled, tmp_path, timeout_s, failure_expected
+            nodeid,
+            module_name,
+            module_path,
+            qualname,
+            pickled,
+            tmp_path,
+            timeout_s,
+            failure_expected,
         )
 
 

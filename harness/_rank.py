@@ -24,6 +24,7 @@ from harness import _messages as msg
 from harness import devices, outcomes
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
+from harness._coverage import during_test, rank_coverage
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 from harness._groups import KeptMeshes
 from harness._outcome import describe_exception
@@ -124,6 +125,7 @@ class RankLoop:
         )
         self.capture = FdCapture(os.environ[WORLD_DIR], rank)
         self.meshes = KeptMeshes()
+        self.coverage = rank_coverage(rank)
         _rank_pytest.install_assertion_explanations(self.config)
 
     def run_forever(self) -> None:
@@ -150,7 +152,7 @@ class RankLoop:
             tell_controller=self.conn.send,
         )
         default_dtype = torch.get_default_dtype()
-        with self.capture.during_test():
+        with self.capture.during_test(), during_test(self.coverage, call.nodeid):
             try:
                 module = _rank_pytest.import_test_module(
                     call.module_name, call.module_path, self.config

@@ -186,6 +186,7 @@ def _request(item: pytest.Function, ticket: WorldTicket, timeout_s: float) -> Te
         item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
     )
     return TestRequest.of(
+        nodeid=item.nodeid,
         module_name=item.module.__name__,
         module_path=str(item.module.__file__),
         qualname=qualname,
