@@ -11,7 +11,7 @@ from ci.gate import cli
 from ci.gate.target import SUITE_ROOT
 
 # The gate's own options: they choose what the gate runs and where it writes, not pytest.
-GATE_ONLY = {"-h", "--help", "--out", "--tier", "--jobs"}
+GATE_ONLY = {"-h", "--help", "--out", "--tier", "--jobs", "--changed-against"}
 
 
 def _pytest_options() -> set[str]:

@@ -23,7 +23,6 @@ from pathlib import Path
 from ci.gate.durations import MEANS, RECORDED
 from ci.gate.jobs import auto_jobs, parse_jobs, run_jobs
 from ci.gate.node_ids import path_of, world_size_of
-from ci.gate.report_content import TIERS
 from ci.gate.report_files import PLOTS, PLOTS_DIR_ENV, write_reports
 from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
@@ -31,6 +30,7 @@ from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import quick_tier_ids
 
 MANIFEST_ENV = "GATE_MANIFEST"
+CHOSEN_TIERS = ("whole", "quick")  # --changed-against reports its own
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,10 +71,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tier",
-        choices=TIERS,
+        choices=CHOSEN_TIERS,
         default="whole",
         help="whole: every test id; quick: the per-commit subset (ci/gate/quick-tier.txt, made "
         "by python -m ci.gate.tier), which kills every mutant; also taken after -- ",
+    )
+    parser.add_argument(
+        "--changed-against",
+        metavar="BASE",
+        help="run the ids that execute a file the torch under test changed against BASE (a pip "
+        "requirement, a wheel, or a directory holding torch/), and the quick tier; a changed "
+        "native library or imported file the coverage does not trace runs every id "
+        "(changed.md in --out says what ran for each file)",
     )
     parser.add_argument(
         "--gate-shard",
@@ -109,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         help="after --: more pytest arguments; test paths among them replace conformance/",
     )
+    parser.set_defaults(selected=None)  # the ids --changed-against chose; None: by --tier
     return parser
 
 
@@ -120,7 +129,9 @@ def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = No
         arg for arg in extra if not arg.startswith("-") and (SUITE_ROOT / path_of(arg)).exists()
     ]
     tests = named or ["conformance"]
-    if args.tier == "quick":  # the tier's ids at these sizes, of the named paths if any
+    if args.selected is not None:  # --changed-against chose these ids
+        tests = args.selected
+    elif args.tier == "quick":  # the tier's ids at these sizes, of the named paths if any
         sizes = {int(size) for size in args.world_sizes.split(",")}
         tests = [
             nodeid
@@ -156,6 +167,7 @@ def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = No
 
 GATE_OPTIONS_AFTER_SEPARATOR = (
     "--tier",
+    "--changed-against",
     "--gate-shard",
     "--jobs",
 )  # as `tox -e nccl4 -- --tier quick` passes them
@@ -188,6 +200,28 @@ def job_count(args: argparse.Namespace) -> int:
     return auto_jobs(device_type)
 
 
+def changed_selection(base: str, world_sizes: str, out: Path) -> tuple[list[str] | None, str]:
+    """The ids ``--changed-against base`` runs (None: every id) and the tier it reports."""
+    from ci.gate import changed
+    from harness._coverage import torch_root
+
+    selection = changed.select(
+        base, changed.tree_of(base, out / "base"), changed.tree_of_directory(torch_root())
+    )
+    sizes = {int(size) for size in world_sizes.split(",")}
+    quick = [nodeid for nodeid in quick_tier_ids() if world_size_of(nodeid) in sizes]
+    for path in changed.save(selection, out, len(quick)):
+        print(f"gate: wrote {path}")
+    if selection.whole_gate_because:
+        print("gate: every id runs: " + "; ".join(selection.whole_gate_because))
+        return None, "changed-whole"
+    chosen = sorted(
+        {nodeid for nodeid in selection.ids if world_size_of(nodeid) in sizes} | set(quick)
+    )
+    print(f"gate: {len(chosen)} ids run: those that execute a changed file, and the quick tier")
+    return chosen, "changed"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -195,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         value, args.pytest_args = option_among(name, args.pytest_args)
         if value is not None:
             setattr(args, name.removeprefix("--").replace("-", "_"), value)
-    if args.tier not in TIERS:
-        parser.error(f"--tier must be one of {', '.join(TIERS)}, not {args.tier!r}")
+    if args.tier not in CHOSEN_TIERS:
+        parser.error(f"--tier must be one of {', '.join(CHOSEN_TIERS)}, not {args.tier!r}")
     if args.gate_shard:
         try:
             parse_shard(args.gate_shard)
@@ -208,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.changed_against:
+        args.selected, args.tier = changed_selection(args.changed_against, args.world_sizes, out)
     results_path = out / "results.json"
     results_path.unlink(missing_ok=True)
     shutil.rmtree(out / PLOTS, ignore_errors=True)

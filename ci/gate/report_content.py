@@ -52,6 +52,9 @@ class ReportContent:
 TIERS = {
     "whole": "whole: every test id",
     "quick": "quick: the per-commit subset of ci/gate/quick-tier.txt (every mutant killed)",
+    "changed": "changed: the ids that execute what the build changed, and the quick tier "
+    "(changed.md)",
+    "changed-whole": "changed: every test id, for what the build changed (changed.md)",
 }
 
 
