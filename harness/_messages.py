@@ -60,7 +60,6 @@ class TestRequest:
 
     __test__ = False  # not a pytest test class
 
-    nodeid: str
     module_name: str
     module_path: str
     qualname: str
@@ -70,12 +69,12 @@ class TestRequest:
     # pytest will report any failure as expected and show none of its text (an xfail marker
     # without conditions): a rank formats it in Python's native style, which is cheaper
     failure_expected: bool = False
+    nodeid: str = ""  # the pytest node id, under which a tracing rank files what it executed
 
     @classmethod
     def of(
         cls,
         *,
-        nodeid: str,
         module_name: str,
         module_path: str,
         qualname: str,
@@ -83,10 +82,10 @@ class TestRequest:
         tmp_path: str,
         timeout_s: float,
         failure_expected: bool = False,
+        nodeid: str = "",
     ) -> TestRequest:
         pickled = pickle.dumps(params)
         return cls(
-            nodeid,
             module_name,
             module_path,
             qualname,
@@ -94,6 +93,7 @@ class TestRequest:
             tmp_path,
             timeout_s,
             failure_expected,
+            nodeid,
         )
 
 

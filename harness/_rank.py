@@ -24,11 +24,11 @@ from harness import _messages as msg
 from harness import devices, outcomes
 from harness._capture import FdCapture, stack_dump_path
 from harness._context import WorldContext
-from harness._coverage import during_test, rank_coverage
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 from harness._groups import KeptMeshes
 from harness._outcome import describe_exception
 from harness._preload import import_preloads
+from harness.coverage import during_test, rank_coverage
 from harness.outcomes import RankStatus
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1

@@ -12,7 +12,7 @@ import pytest
 
 from ci.gate import changed, cli
 from ci.gate.coverage import map as coverage_map
-from harness._coverage import torch_root
+from harness.coverage import torch_root
 
 A = "conformance/checks/test_a.py::t[w2-ddp]"
 B = "conformance/checks/test_b.py::u[w4]"

@@ -164,7 +164,8 @@ def test_divergences_public_names() -> None:
 
 def test_ci_uses_only_the_public_surface_of_the_suite() -> None:
     """``ci`` imports ``conformance`` and ``harness`` from the packages (``harness.session``,
-    ``harness.outcomes``, ``harness.devices``, ``harness.machine``, ``harness.memory`` and
+    ``harness.outcomes``, ``harness.devices``, ``harness.machine``, ``harness.memory``,
+    ``harness.coverage`` and
     ``conformance.divergences`` are public modules), never their private modules."""
     ci_root = Path(__file__).resolve().parents[1] / "ci"
     for source in ci_root.rglob("*.py"):

@@ -41,7 +41,7 @@ from typing import Literal
 
 from ci.gate.coverage import map_path
 from ci.gate.coverage.map import CoverageMap, load
-from harness._coverage import MEASURED
+from harness.coverage import MEASURED
 
 Verdict = Literal[
     "native", "executed", "unexecuted", "imported", "unmapped", "not imported", "not code"
@@ -180,7 +180,7 @@ def select(base_spec: str, base: Tree, build: Tree) -> Selection:
     )
     for path, how in differences(base, build):
         verdict = verdict_of(path, coverage)
-        ids = ()
+        ids: tuple[str, ...] = ()
         if coverage is not None and verdict == "executed":
             ids = tuple(sorted(coverage.ids_executing(path)))
         selection.files.append(ChangedFile(path, how, verdict, ids))

@@ -203,7 +203,7 @@ def job_count(args: argparse.Namespace) -> int:
 def changed_selection(base: str, world_sizes: str, out: Path) -> tuple[list[str] | None, str]:
     """The ids ``--changed-against base`` runs (None: every id) and the tier it reports."""
     from ci.gate import changed
-    from harness._coverage import torch_root
+    from harness.coverage import torch_root
 
     selection = changed.select(
         base, changed.tree_of(base, out / "base"), changed.tree_of_directory(torch_root())

@@ -1,7 +1,7 @@
 """What the gate's ids execute of torch's state-dict and checkpoint code.
 
 ``python -m ci.gate.coverage`` runs the whole gate with every rank tracing torch's measured
-files (``harness/_coverage.py``) and writes the release's coverage map,
+files (``harness/coverage.py``) and writes the release's coverage map,
 ``ci/gate/coverage-maps/torch-VERSION.json.xz``. ``python -m ci.gate --changed-against BASE``
 runs the ids that execute what a build changed (``ci/gate/changed.py``).
 """

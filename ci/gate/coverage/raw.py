@@ -1,7 +1,7 @@
 """The rank processes' coverage data files, read into (file, arc) -> executing ids.
 
 Each rank of a recording writes one coverage.py data file (SQLite), its contexts the node ids
-of the tests it ran (``harness/_coverage.py``). A whole gate's files hold some hundred million
+of the tests it ran (``harness/coverage.py``). A whole gate's files hold some hundred million
 (arc, test) rows, so they are read in chunks into NumPy arrays of (arc, id) pairs, never into
 Python objects one row at a time. The tables read are coverage.py's documented data schema
 (``file``, ``context``, ``arc``), of schema version ``SCHEMA``.

@@ -3,7 +3,7 @@
     python -m ci.gate.coverage [--update] [--jobs N] [--out DIR]
 
 runs the gate at world sizes 1, 2 and 4 with every rank tracing torch's measured files
-(``harness/_coverage.py``), then writes ``ci/gate/coverage-maps/torch-VERSION.json.xz``. The
+(``harness/coverage.py``), then writes ``ci/gate/coverage-maps/torch-VERSION.json.xz``. The
 map names every id the run ran, the arcs each executed, every torch file a rank imported, and
 a digest of each check module. ``--update`` runs only the check modules whose digest changed,
 that the map lacks, or whose ids changed, and replaces their part of the committed map: a new
@@ -29,7 +29,7 @@ from ci.gate.node_ids import path_of
 from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import WORLD_SIZES, collected_ids
-from harness._coverage import COVERAGE_DIR, torch_root
+from harness.coverage import COVERAGE_DIR, torch_root
 
 CHECKS = SUITE_ROOT / "conformance" / "checks"
 
