@@ -176,3 +176,13 @@ def test_an_installed_torch_against_a_patched_copy_differs_in_that_file_alone(tm
     ]
     assert (chosen, tier) == (None, "changed-whole")
     assert selection["whole_gate_because"] == ["1 unmapped files differ"]
+
+
+def test_the_gate_runs_the_chosen_ids_in_place_of_the_suite(tmp_path) -> None:
+    after = ["-x", "--changed-against=torch==2.13.0"]
+    assert cli.option_among("--changed-against", after) == ("torch==2.13.0", ["-x"])
+    args = cli._parser().parse_args(["--world-sizes", "1,2", "--", "-x"])
+    args.selected = [A, B]
+    command = cli.pytest_command(args, tmp_path)
+    assert [arg for arg in command if arg.startswith("conformance")] == [A, B]
+    assert "-x" in command
