@@ -3,12 +3,16 @@ module by module."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import coverage
 import pytest
 
 from ci.gate.coverage import map as coverage_map
-from ci.gate.coverage.raw import executors, imported
+from ci.gate.coverage import record
+from ci.gate.coverage.raw import contexts, executors, imported
 from ci.gate.coverage.record import digests, merged, stale_modules
+from harness.coverage import COVERAGE_DIR
 
 A = "conformance/checks/test_a.py::t[w2-ddp]"
 B = "conformance/checks/test_a.py::t[w4-ddp]"
@@ -63,29 +67,50 @@ def test_a_map_comes_back_from_its_file_as_saved(tmp_path) -> None:
     assert loaded.executors() == built.executors()
 
 
-def test_the_ranks_data_files_are_read_by_context(tmp_path) -> None:
-    """Real coverage.py data files, as ranks write them: arcs under each test's id, and
+def _data_files(directory: Path, root: Path) -> list[Path]:
+    """Real coverage.py data files, as two ranks write them: arcs under each test's id, and
     between tests under the empty context, which is nobody's."""
-    root = tmp_path / "torch"
     planner = str(root / "distributed" / "planner.py")
-    for rank, contexts in enumerate(
+    for rank, by_context in enumerate(
         ({A: {(1, 2), (2, 3)}, "": {(7, 8)}}, {A: {(2, 5)}, B: {(1, 2)}})
     ):
-        data = coverage.CoverageData(basename=str(tmp_path / f"rank{rank}"))
-        for context, arcs in contexts.items():
+        data = coverage.CoverageData(basename=str(directory / f"rank{rank}"))
+        for context, arcs in by_context.items():
             data.set_context(context)
             data.add_arcs({planner: arcs})
         data.write()
+    return sorted(directory.glob("rank*"))
+
+
+def test_the_ranks_data_files_are_read_by_context(tmp_path) -> None:
+    root = tmp_path / "torch"
+    files = _data_files(tmp_path, root)
     (tmp_path / "imports-rank0-pid1.txt").write_text(
         "distributed/planner.py\nnn/modules/module.py\n"
     )
-    found = executors(sorted(tmp_path.glob("rank*")), root, [A, B])
-    assert found == {
+    assert contexts(files) == {A, B}
+    assert executors(files, root, [A, B]) == {
         ("distributed/planner.py", (1, 2)): {A, B},
         ("distributed/planner.py", (2, 3)): {A},
         ("distributed/planner.py", (2, 5)): {A},
     }
     assert imported(tmp_path) == {"distributed/planner.py", "nn/modules/module.py"}
+
+
+def test_a_resumed_recording_runs_only_the_ids_its_data_lacks(tmp_path, monkeypatch) -> None:
+    data = tmp_path / "out" / "data"
+    data.mkdir(parents=True)
+    _data_files(data, tmp_path / "torch")
+    monkeypatch.setenv(COVERAGE_DIR, "")  # restored after the test: the run sets it
+    given: list[list[str]] = []
+    monkeypatch.setattr(record.cli, "main", lambda argv: given.append(argv) or 0)
+    monkeypatch.setattr(record.GateResults, "load", lambda path: path)
+    record._run_gate(tmp_path / "out", "1", [], resume=True)
+    assert given[-1][-2:] == [f"--deselect={A}", f"--deselect={B}"]
+    assert len(list(data.glob("rank*"))) == 2  # kept
+    record._run_gate(tmp_path / "out", "1", [], resume=False)
+    assert not [arg for arg in given[-1] if arg.startswith("--deselect")]
+    assert list(data.glob("rank*")) == []  # a new recording starts empty
 
 
 def test_an_update_replaces_the_stale_modules_part_alone() -> None:

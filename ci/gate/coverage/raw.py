@@ -100,6 +100,15 @@ def executors(
     return result
 
 
+def contexts(data_files: Sequence[Path]) -> set[str]:
+    """The node ids the data files hold arcs of: the ids a recording traced so far."""
+    found: set[str] = set()
+    for path in data_files:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            found.update(context for (context,) in db.execute("SELECT context FROM context"))
+    return found - {""}
+
+
 def imported(directory: Path) -> set[str]:
     """Every torch file the ranks listed as imported (``imports-*.txt``)."""
     return {

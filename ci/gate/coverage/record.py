@@ -1,13 +1,15 @@
 """``python -m ci.gate.coverage``: record the coverage map of the torch under test.
 
-    python -m ci.gate.coverage [--update] [--jobs N] [--out DIR]
+    python -m ci.gate.coverage [--update | --resume] [--jobs N] [--out DIR]
 
 runs the gate at world sizes 1, 2 and 4 with every rank tracing torch's measured files
 (``harness/coverage.py``), then writes ``ci/gate/coverage-maps/torch-VERSION.json.xz``. The
 map names every id the run ran, the arcs each executed, every torch file a rank imported, and
 a digest of each check module. ``--update`` runs only the check modules whose digest changed,
 that the map lacks, or whose ids changed, and replaces their part of the committed map: a new
-check costs its own run, not the whole gate's. Tracing makes the gate up to about twice as slow.
+check costs its own run, not the whole gate's. ``--resume`` goes on with a stopped recording
+in ``--out``, running only the ids its data files do not hold yet. Tracing makes the gate two
+to three times as slow.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from ci.gate import cli
 from ci.gate.coverage import map_path
 from ci.gate.coverage.map import Arc, CoverageMap, build, load, save
-from ci.gate.coverage.raw import executors, imported
+from ci.gate.coverage.raw import contexts, executors, imported
 from ci.gate.node_ids import path_of
 from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
@@ -52,22 +54,34 @@ def stale_modules(recorded: CoverageMap, collected: Iterable[str]) -> list[str]:
     return sorted(changed | {path_of(nodeid) for nodeid in differing})
 
 
-def _run_gate(out: Path, jobs: str, paths: list[str]) -> GateResults:
-    """The gate's run of ``paths`` (every module where none is named), each rank tracing."""
+def _data_files(out: Path) -> list[Path]:
+    return sorted((out / "data").glob("rank*"))
+
+
+def _run_gate(out: Path, jobs: str, paths: list[str], resume: bool) -> GateResults:
+    """The gate's run of ``paths`` (every module where none is named), each rank tracing;
+    resumed, without the ids the data files of ``out`` already hold."""
     data = out / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    data.mkdir(parents=True)
+    if not resume:
+        shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True, exist_ok=True)
+    done = sorted(contexts(_data_files(out))) if resume else []
+    if done:
+        print(f"coverage: resuming; {len(done)} ids are traced already")
     os.environ[COVERAGE_DIR] = str(data)
     argv = ["--world-backend", "gloo", "--world-sizes", WORLD_SIZES, "--jobs", jobs]
-    status = cli.main([*argv, "--out", str(out / "gate"), "--", *paths])
+    skipped = [f"--deselect={nodeid}" for nodeid in done]
+    status = cli.main([*argv, "--out", str(out / "gate"), "--", *paths, *skipped])
     print(f"coverage: the gate exited with {status}; a failing id's arcs count as any other's")
     return GateResults.load(out / "gate" / "results.json")
 
 
 def recorded_map(out: Path, results: GateResults) -> CoverageMap:
-    """The map of a recording run's data files and results."""
-    ran = [test.nodeid for test in results.tests]
-    found = executors(sorted((out / "data").glob("rank*")), torch_root(), ran)
+    """The map of a recording's data files and its last run's results (a resumed recording's
+    earlier ids are those its data files hold)."""
+    files = _data_files(out)
+    ran = sorted({test.nodeid for test in results.tests} | contexts(files))
+    found = executors(files, torch_root(), ran)
     return build(
         torch=results.target.torch_version,
         world_sizes=WORLD_SIZES,
@@ -101,9 +115,16 @@ def merged(old: CoverageMap, new: CoverageMap, replaced: list[str]) -> CoverageM
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.gate.coverage", description=__doc__)
     parser.add_argument("--update", action="store_true", help="rerun only the stale modules")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a stopped recording in --out: run only the ids its data lacks",
+    )
     parser.add_argument("--jobs", default="auto", help="the gate's --jobs (default: auto)")
     parser.add_argument("--out", type=Path, default=Path("gate-report/coverage"))
     args = parser.parse_args(argv)
+    if args.update and args.resume:
+        parser.error("--resume goes on with a whole recording; --update makes one of its own")
     import torch
 
     target = map_path(torch.__version__.split("+")[0])
@@ -121,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update and not running:  # every stale module was removed
         coverage = merged(load(target), replace(load(target), ids=(), blocks=()), paths)
     else:
-        new = recorded_map(out, _run_gate(out, args.jobs, running))
+        new = recorded_map(out, _run_gate(out, args.jobs, running, args.resume))
         coverage = merged(load(target), new, paths) if args.update else new
     save(coverage, target)
     print(
