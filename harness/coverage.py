@@ -24,8 +24,8 @@ COVERAGE_DIR = "HARNESS_TORCH_COVERAGE"
 # torch's files whose execution is recorded, relative to the torch package: its state-dict
 # and checkpoint code, and the wrappers whose state dicts it makes. Left out: code every
 # tensor operation or call runs (DTensor's dispatch and sharding rules, nn.Module's calls,
-# c10d's collectives), which would make the recording run at a third of the gate's speed;
-# a change there runs the whole gate (ci/gate/changed.py).
+# c10d's collectives), which would slow the recording further; a change there runs the whole
+# gate (ci/gate/changed.py).
 MEASURED = (
     "distributed/checkpoint/*",
     "distributed/_state_dict_utils.py",
@@ -59,6 +59,7 @@ class RankCoverage:
         self._root = root
         self._imports = Path(directory) / f"imports-rank{rank}-pid{os.getpid()}.txt"
         self._imported: set[str] = set()
+        self._modules_seen = 0  # how many modules sys.modules held when last listed
         self._coverage: Any = coverage.Coverage(
             data_file=str(Path(directory) / f"rank{rank}"),
             data_suffix=True,  # one file per process: host, pid and a random part
@@ -78,6 +79,11 @@ class RankCoverage:
             self._list_imports()
 
     def _list_imports(self) -> None:
+        """Append the torch files imported since the last test; a test that imported nothing
+        new costs one length check, not a walk of some 5,000 modules."""
+        if len(sys.modules) == self._modules_seen:
+            return
+        self._modules_seen = len(sys.modules)
         files = {getattr(module, "__file__", None) for module in list(sys.modules.values())}
         inside = {
             Path(file).relative_to(self._root).as_posix()

@@ -79,12 +79,14 @@ def test_a_wheel_and_an_installed_tree_are_compared_file_by_file(tmp_path) -> No
     fork_files = {**FILES, "distributed/checkpoint/planner.py": b"def plan():\n    return 2\n"}
     del fork_files["_vendored/untouched.py"]
     fork_files["distributed/checkpoint/new.py"] = b"z = 3\n"
+    fork_files["version.py"] = b"__version__ = '2.13.0a0+fork'\n"  # a fork's own build
     fork = changed.tree_of(str(_tree(tmp_path / "fork", fork_files)), tmp_path)
-    assert (wheel.version, fork.version) == ("2.13.0", "2.13.0")
+    assert (wheel.version, fork.version) == ("2.13.0", "2.13.0")  # the same release's map
     assert list(changed.differences(wheel, fork)) == [
         ("_vendored/untouched.py", "removed"),
         ("distributed/checkpoint/new.py", "added"),
         ("distributed/checkpoint/planner.py", "changed"),
+        ("version.py", "changed"),
     ]
 
 

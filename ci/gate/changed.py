@@ -41,8 +41,11 @@ from typing import Literal
 
 from ci.gate.coverage import map_path
 from ci.gate.coverage.map import CoverageMap, load
+from ci.gate.report_markdown import table
+from conformance.divergences import release_of
 from harness.coverage import MEASURED
 
+How = Literal["changed", "added", "removed"]
 Verdict = Literal[
     "native", "executed", "unexecuted", "imported", "unmapped", "not imported", "not code"
 ]
@@ -65,7 +68,7 @@ class ChangedFile:
     """One file that differs, how (``changed``, ``added``, ``removed``), and its verdict."""
 
     path: str
-    how: Literal["changed", "added", "removed"]
+    how: How
     verdict: Verdict
     ids: tuple[str, ...] = ()  # the ids that executed it (``executed`` only)
 
@@ -93,8 +96,9 @@ def digest(data: bytes) -> str:
 
 
 def _version_of(source: str | None) -> str:
+    """The release of the ``__version__`` a ``version.py`` sets (``2.13.0a0+fork`` -> 2.13.0)."""
     found = _VERSION.search(source or "")
-    return found.group(1).split("+")[0] if found else "unknown"
+    return str(release_of(found.group(1))) if found else "unknown"
 
 
 def tree_of_directory(root: Path) -> Tree:
@@ -139,9 +143,7 @@ def tree_of(base: str, scratch: Path) -> Tree:
     return tree_of_wheel(wheels[-1])
 
 
-def differences(
-    base: Tree, build: Tree
-) -> Iterable[tuple[str, Literal["changed", "added", "removed"]]]:
+def differences(base: Tree, build: Tree) -> Iterable[tuple[str, How]]:
     """Every file whose digest differs, in path order."""
     for path in sorted(set(base.digests) | set(build.digests)):
         if path not in base.digests:
@@ -208,11 +210,13 @@ def render(selection: Selection, quick: int) -> str:
             f"({quick} ids).",
             "",
         ]
-    lines += ["| file | how | verdict | ids that execute it |", "| --- | --- | --- | --- |"]
-    for changed in selection.files:
-        lines.append(
-            f"| `torch/{changed.path}` | {changed.how} | {changed.verdict} | {len(changed.ids)} |"
-        )
+    lines += table(
+        ["file", "how", "verdict", "ids that execute it"],
+        [
+            [f"`torch/{changed.path}`", changed.how, changed.verdict, str(len(changed.ids))]
+            for changed in selection.files
+        ],
+    )
     for changed in [changed for changed in selection.files if changed.ids]:
         lines += ["", f"## `torch/{changed.path}`: {len(changed.ids)} ids", ""]
         lines += [f"- `{nodeid}`" for nodeid in changed.ids[:LISTED]]

@@ -45,10 +45,6 @@ class CoverageMap:
         """The measured files some id executed."""
         return frozenset(block.file for block in self.blocks)
 
-    @cached_property
-    def index(self) -> dict[str, int]:
-        return {nodeid: position for position, nodeid in enumerate(self.ids)}
-
     def ids_executing(self, file: str) -> set[str]:
         """The ids that executed any arc of ``file``."""
         positions: set[int] = set()

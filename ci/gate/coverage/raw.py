@@ -24,8 +24,6 @@ SCHEMA = 7
 _CHUNK = 1_000_000
 _OFFSET = 1 << 20  # line numbers (negative at exits) shifted to be non-negative in a key
 Pairs = npt.NDArray[np.int64]
-
-
 _KEY = f"(file_id << 42) | ((fromno + {_OFFSET}) << 21) | (tono + {_OFFSET})"
 
 

@@ -31,6 +31,7 @@ from ci.gate.node_ids import path_of
 from ci.gate.results import GateResults
 from ci.gate.target import SUITE_ROOT
 from ci.gate.tier import WORLD_SIZES, collected_ids
+from conformance.divergences import release_of
 from harness.coverage import COVERAGE_DIR, torch_root
 
 CHECKS = SUITE_ROOT / "conformance" / "checks"
@@ -127,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resume goes on with a whole recording; --update makes one of its own")
     import torch
 
-    target = map_path(torch.__version__.split("+")[0])
+    target = map_path(str(release_of(torch.__version__)))
     paths: list[str] = []
     if args.update:
         if not target.exists():
             parser.error(f"{target} does not exist: record it whole first")
-        paths = stale_modules(load(target), collected_ids())
+        committed = load(target)
+        paths = stale_modules(committed, collected_ids())
         if not paths:
             print(f"coverage: {target} is fresh")
             return 0
@@ -140,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out.resolve()
     running = [path for path in paths if (SUITE_ROOT / path).exists()]
     if args.update and not running:  # every stale module was removed
-        coverage = merged(load(target), replace(load(target), ids=(), blocks=()), paths)
+        coverage = merged(committed, replace(committed, ids=(), blocks=()), paths)
     else:
         new = recorded_map(out, _run_gate(out, args.jobs, running, args.resume))
-        coverage = merged(load(target), new, paths) if args.update else new
+        coverage = merged(committed, new, paths) if args.update else new
     save(coverage, target)
     print(
         f"coverage: wrote {target} ({target.stat().st_size / 1e6:.1f} MB): {len(coverage.ids)} "
