@@ -13,10 +13,11 @@ from dataclasses import replace
 import pytest
 
 from ci.gate import tier
+from ci.gate.coverage.cover import Executed
 from ci.gate.node_ids import function_of, module_of, params_of
 from ci.gate.target import SUITE_ROOT
 from conformance.cells import PARALLELISMS, Parallelism, Partner, register
-from conformance.checks import CONTRACTS
+from conformance.checks import FAMILIES
 
 TWIN = "ddp_again"
 PLUGIN = f'''
@@ -108,8 +109,18 @@ def test_the_twin_reaches_every_check_of_ddp(with_twin) -> None:
 def test_the_twin_is_in_the_tier(with_twin) -> None:
     ids, families = with_twin
     assert families[TWIN] == "ddp"
-    chosen = tier.select(ids, {}, {}, families, CONTRACTS)
+    inputs = tier.Inputs(ids, {}, {}, families, FAMILIES, Executed({}, ()))
+    chosen = tier.select(inputs)
     assert [nodeid for nodeid in chosen if TWIN in params_of(nodeid)]
+
+
+def test_every_check_module_is_in_one_family_of_checks() -> None:
+    checks = SUITE_ROOT / "conformance" / "checks"
+    modules = sorted(
+        path.stem for path in [*checks.glob("test_*.py"), checks / "_golden_writer.py"]
+    )
+    placed = sorted(module for members in FAMILIES.values() for module in members)
+    assert placed == modules
 
 
 def test_a_name_is_registered_once() -> None:

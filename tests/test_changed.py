@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from ci.gate import changed, cli
+from ci.gate.coverage import TIER_RELEASE, map_path
 from ci.gate.coverage import map as coverage_map
+from ci.gate.tier import quick_tier_ids
 from harness.coverage import torch_root
 
 A = "conformance/checks/test_a.py::t[w2-ddp]"
@@ -166,18 +168,21 @@ def _patched_copy(root: Path, path: str, old: str, new: str) -> Path:
 
 
 @pytest.mark.slow
-def test_an_installed_torch_against_a_patched_copy_differs_in_that_file_alone(tmp_path) -> None:
+def test_a_patched_copy_of_a_checkpoint_file_runs_the_ids_that_execute_it(tmp_path) -> None:
     """The torch under test against a tree patched in DCP's plan deduplication, as a fork
-    differs: that file alone differs, and with no map of 2.13.0 recorded the whole gate runs."""
+    differs: that file alone differs, and the gate runs the ids the committed map says execute
+    it, and the quick tier."""
     path = "distributed/checkpoint/_dedup_save_plans.py"
     base = _patched_copy(tmp_path / "base", path, "def ", "def _unused(): pass\n\n\ndef ")
     chosen, tier = cli.changed_selection(str(base), "1,2,4", tmp_path / "out")
     selection = json.loads((tmp_path / "out" / "changed.json").read_text())
-    assert [(changed["path"], changed["how"]) for changed in selection["files"]] == [
-        (path, "changed")
+    assert [(changed["path"], changed["verdict"]) for changed in selection["files"]] == [
+        (path, "executed")
     ]
-    assert (chosen, tier) == (None, "changed-whole")
-    assert selection["whole_gate_because"] == ["1 unmapped files differ"]
+    executors = coverage_map.load(map_path(TIER_RELEASE)).ids_executing(path)
+    assert executors
+    assert tier == "changed"
+    assert chosen == sorted(executors | set(quick_tier_ids()))
 
 
 def test_the_gate_runs_the_chosen_ids_in_place_of_the_suite(tmp_path) -> None:

@@ -1,5 +1,5 @@
-"""The coverage map: read from the ranks' coverage.py data, stored in blocks, and updated
-module by module."""
+"""The coverage map: read from the ranks' coverage.py data, stored in blocks, updated module
+by module and kept fresh, and covered greedily by the quick tier."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from pathlib import Path
 import coverage
 import pytest
 
+from ci.gate.coverage import TIER_RELEASE, map_path, record
 from ci.gate.coverage import map as coverage_map
-from ci.gate.coverage import record
+from ci.gate.coverage.cover import Executed, cover
 from ci.gate.coverage.raw import contexts, executors, imported
 from ci.gate.coverage.record import digests, merged, stale_modules
+from ci.gate.tier import collected_ids
 from harness.coverage import COVERAGE_DIR
 
 A = "conformance/checks/test_a.py::t[w2-ddp]"
@@ -113,6 +115,17 @@ def test_a_resumed_recording_runs_only_the_ids_its_data_lacks(tmp_path, monkeypa
     assert list(data.glob("rank*")) == []  # a new recording starts empty
 
 
+def test_the_cover_adds_the_most_arcs_per_second_until_the_members_arcs_are_all_run() -> None:
+    executed = Executed(
+        elements={A: frozenset({0, 1}), B: frozenset({0, 1, 2}), C: frozenset({2})},
+        weights=(10, 5, 1),
+    )
+    seconds = {A: 1.0, B: 4.0, C: 0.5}
+    assert cover([A, B, C], executed, [], seconds.__getitem__) == [A, C]
+    assert cover([A, B, C], executed, [B], seconds.__getitem__) == []  # B runs them all
+    assert cover([A, C], executed, [], seconds.__getitem__) == [A, C]
+
+
 def test_an_update_replaces_the_stale_modules_part_alone() -> None:
     old = _map({("distributed/x.py", (1, 2)): {A, C}, ("distributed/x.py", (2, 3)): {B}})
     new = _map({("distributed/x.py", (5, 6)): {A}}, ran=(A, B))
@@ -137,3 +150,13 @@ def test_a_module_with_changed_source_or_ids_is_stale() -> None:
     assert stale_modules(fresh, [f"{module}::t[w2]"]) == []
     other = "conformance/checks/test_safetensors.py"
     assert stale_modules(fresh, [f"{module}::t[w2]", f"{other}::n[w1]"]) == [other]
+
+
+@pytest.mark.slow
+def test_the_committed_map_of_the_tier_release_is_fresh() -> None:
+    recorded = coverage_map.load(map_path(TIER_RELEASE))
+    stale = stale_modules(recorded, collected_ids())
+    assert stale == [], (
+        f"the coverage map of torch {TIER_RELEASE} is stale for {stale}: under that torch, "
+        "python -m ci.gate.coverage --update"
+    )

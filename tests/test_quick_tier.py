@@ -9,6 +9,7 @@ import json
 import pytest
 
 from ci.gate import cli, tier
+from ci.gate.coverage.cover import Executed
 from ci.gate.node_ids import world_size_of
 from ci.mutation.cli import quick_tier_for
 from ci.mutation.mutants import catalogue
@@ -21,7 +22,10 @@ FAMILIES = {  # each cell's family, as descriptors name them
     "pp": "pp",
     "tp": "tp",
 }
-CONTRACTS = {"observing": ("test_observing_is_free",)}
+CHECK_FAMILIES = {
+    "observing": ("test_observing_is_free",),
+    "other": ("test_a", "test_b", "test_c"),
+}
 
 
 @pytest.mark.slow
@@ -57,35 +61,89 @@ def _ids() -> list[str]:
     ]
 
 
-def test_the_tier_keeps_every_killer_then_the_cheapest_of_what_it_lacks() -> None:
-    durations = {
-        "conformance/checks/test_a.py::t": 1.0,
-        "conformance/checks/test_a.py::slow": 9.0,
-        "conformance/checks/test_b.py::t": 2.0,
-        "conformance/checks/test_b.py::u": 0.5,
-        "conformance/checks/test_observing_is_free.py::o": 3.0,
-        "conformance/checks/test_observing_is_free.py::cheap": 0.1,
-        "conformance/checks/test_c.py::t": 1.0,
-    }
+DURATIONS = {
+    "conformance/checks/test_a.py::t[w2]": 1.0,
+    "conformance/checks/test_a.py::t[w4]": 2.0,
+    "conformance/checks/test_a.py::slow[w2]": 9.0,
+    "conformance/checks/test_b.py::t[w1]": 2.0,
+    "conformance/checks/test_b.py::u[w2]": 0.5,
+    "conformance/checks/test_observing_is_free.py::o[w2]": 3.0,
+    "conformance/checks/test_observing_is_free.py::o[w4]": 3.0,
+    "conformance/checks/test_observing_is_free.py::cheap[w4]": 0.1,
+    "conformance/checks/test_c.py::t[w2]": 1.0,
+}
+EXECUTED = {  # what each id executes, as blocks of one arc each
+    "conformance/checks/test_a.py::t[w2-ddp]": {0},
+    "conformance/checks/test_a.py::t[w4-ddp]": {0, 1},
+    "conformance/checks/test_a.py::slow[w2-fsdp2]": {2},
+    "conformance/checks/test_b.py::t[w1]": {3},
+    "conformance/checks/test_b.py::u[w2]": {3, 4},
+    "conformance/checks/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]": {5},
+    "conformance/checks/test_observing_is_free.py::o[w4-fsdp1_full_shard_orig]": {5, 6},
+    "conformance/checks/test_observing_is_free.py::o[w2-tp]": {5},
+}
+
+
+def _inputs(killers: dict[str, str]) -> tier.Inputs:
+    return tier.Inputs(
+        ids=_ids(),
+        killers=killers,
+        durations=DURATIONS,
+        cell_families=FAMILIES,
+        check_families=CHECK_FAMILIES,
+        executed=Executed({k: frozenset(v) for k, v in EXECUTED.items()}, weights=(1,) * 7),
+    )
+
+
+def test_the_tier_keeps_every_killer_then_covers_the_gates_arcs_then_the_cheapest_it_lacks() -> (
+    None
+):
     killers = {"m1": "conformance/checks/test_a.py::t[w4-ddp]"}
-    chosen = tier.select(_ids(), killers, durations, FAMILIES, CONTRACTS)
-    assert chosen == [
-        "conformance/checks/test_a.py::slow[w2-fsdp2]",  # the only one of fsdp2
-        "conformance/checks/test_a.py::t[w4-ddp]",  # the killer, though w2 is cheaper
-        "conformance/checks/test_b.py::u[w2]",  # the cheapest of test_b
-        "conformance/checks/test_c.py::t[w2-pp]",  # module and cell
-        # the cheapest of the module
+    assert tier.select(_inputs(killers)) == [
+        "conformance/checks/test_a.py::slow[w2-fsdp2]",  # the only one to execute arc 2
+        "conformance/checks/test_a.py::t[w4-ddp]",  # the killer, whose arcs cover t[w2-ddp]'s
+        "conformance/checks/test_b.py::u[w2]",  # arcs 3 and 4: more per second than t[w1]
+        "conformance/checks/test_c.py::t[w2-pp]",  # executes nothing: its module and cell
+        # executes nothing: the cheapest of its cell and of (observing, 2-D)
         "conformance/checks/test_observing_is_free.py::cheap[w4-fsdp2_tp]",
-        # the cell, at w2
-        "conformance/checks/test_observing_is_free.py::o[w2-fsdp1_full_shard_orig]",
-        "conformance/checks/test_observing_is_free.py::o[w2-tp]",  # tp
+        # its arc is executed by o[w4-fsdp1...]; kept as the cheapest of its cell
+        "conformance/checks/test_observing_is_free.py::o[w2-tp]",
+        # arcs 5 and 6 in one id
+        "conformance/checks/test_observing_is_free.py::o[w4-fsdp1_full_shard_orig]",
     ]
+
+
+def test_an_arc_the_tier_already_executes_adds_no_id_of_its_pair() -> None:
+    """The cover is of the whole gate's arcs: a second id of another pair that executes only
+    what the tier executes adds nothing, unless its cell or pair has no id yet."""
+    inputs = _inputs({})
+    inputs.ids.append("conformance/checks/test_b.py::again[w2-ddp]")
+    executed = dict(inputs.executed.elements)
+    executed["conformance/checks/test_b.py::again[w2-ddp]"] = frozenset({3})
+    inputs = tier.Inputs(
+        ids=inputs.ids,
+        killers={},
+        durations={**DURATIONS, "conformance/checks/test_b.py::again[w2]": 1.0},
+        cell_families=FAMILIES,
+        check_families=CHECK_FAMILIES,
+        executed=Executed(executed, weights=(1,) * 7),
+    )
+    chosen = tier.select(inputs)
+    assert "conformance/checks/test_b.py::u[w2]" in chosen  # arcs 3 and 4
+    assert "conformance/checks/test_b.py::again[w2-ddp]" not in chosen  # (other, ddp) has t[w2]
+
+
+def test_a_module_of_no_family_of_checks_is_named() -> None:
+    inputs = _inputs({})
+    inputs.ids.append("conformance/checks/test_orphan.py::t[w2]")
+    with pytest.raises(ValueError, match="test_orphan is in no family"):
+        tier.select(inputs)
 
 
 def test_a_killer_the_suite_no_longer_collects_is_named() -> None:
     gone = {"m9": "conformance/checks/test_gone.py::t[w2]"}
     with pytest.raises(ValueError, match=r"m9 \(conformance/checks/test_gone.py::t\[w2\]\)"):
-        tier.select(_ids(), gone, {}, FAMILIES, CONTRACTS)
+        tier.select(_inputs(gone))
 
 
 def test_killers_come_from_killed_and_unverified_mutants(tmp_path) -> None:

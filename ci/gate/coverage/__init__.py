@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 MAPS = Path(__file__).resolve().parent.parent / "coverage-maps"
+TIER_RELEASE = "2.13.0"  # the release the quick tier is chosen for: the default torch under test
 
 
 def map_path(release: str) -> Path:
