@@ -14,6 +14,7 @@ import pytest
 from ci.bench import compare as bench_compare
 from ci.bench.cases import BenchCase, cases
 from ci.bench.memory_stats import compare_peaks, ranks_resolution
+from ci.bench.ops import writer_of
 from ci.bench.replay_clock import ReplayClock
 from ci.bench.stats import (
     CONFIDENCE,
@@ -160,8 +161,9 @@ def test_cases_are_validated_and_named() -> None:
         BenchCase("gather", 4, "ddp")
     with pytest.raises(ValueError, match="unknown operation"):
         BenchCase("gatherr", 4)
+    assert [writer_of(cell) for cell in ("ddp", "fsdp2", "tp")] == ["fsdp2", "tp", "fsdp2"]
     names = [case.name for case in cases((4,))]
-    assert len(names) == len(set(names)) == 6 + 4 * 4
+    assert len(names) == len(set(names)) == 6 + 6 * 4
 
 
 MIB = 2**20
@@ -270,6 +272,42 @@ def test_any_cell_of_the_matrix_can_be_benchmarked() -> None:
     assert "fsdp1_no_shard_flat_nested" in cells
     for cell in cells:
         assert f"test_state_dict_op[dcp_load-{cell}-4MiB]" in completed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_an_async_saves_blocking_part_and_a_resharded_load_are_timed(
+    tmp_path: Path, world_size: int
+) -> None:
+    """The two operations run and are timed in a real world: each async save's write
+    completes after the clock stops and before the round's collectives, and each resharded
+    load reads a checkpoint another parallelism wrote."""
+    raw = tmp_path / "bench.json"
+    chosen = "async_save-fsdp2-4MiB or resharded_load-tp-4MiB or resharded_load-fsdp2-4MiB"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "ci/bench/benchmarks/test_state_dict_ops.py"),
+            *("-q", "-p", "no:cacheprovider", f"--benchmark-json={raw}", "-k", chosen),
+            *("--bench-world-size", str(world_size), "--bench-sizes-mib", "4"),
+            *("--bench-parallelisms", "fsdp2,tp", "--bench-rounds", "3"),
+        ],
+        cwd=SUITE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    benchmarks = {b["param"]: b for b in json.loads(raw.read_text())["benchmarks"]}
+    assert sorted(benchmarks) == [
+        "async_save-fsdp2-4MiB",
+        "resharded_load-fsdp2-4MiB",
+        "resharded_load-tp-4MiB",
+    ]
+    for benchmark in benchmarks.values():
+        assert benchmark["extra_info"]["world_size"] == world_size
+        assert benchmark["stats"]["rounds"] == 3
+        assert benchmark["stats"]["min"] > 0
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ MODEL_OPS = {
     "set_state_dict": (DSD, "set_state_dict"),
     "dcp_save": (DCP, "save"),
     "dcp_load": (DCP, "load"),
+    "async_save": (DCP, "async_save"),  # the caller's blocking part: staging, not the write
+    "resharded_load": (DCP, "load"),  # a checkpoint another parallelism wrote
 }
 OPS = {**UTILITY_OPS, **MODEL_OPS}
 # The default cells of the model operations; any cell of conformance's matrix may be named.

@@ -1,8 +1,9 @@
 """The state-dict operations the benchmarks time, set up on each rank for one case.
 
-``prepare`` builds the inputs once and returns the operation as a callable that each
-round times; a round may change its inputs in place (a load, a broadcast) but never
-their shapes, so every round does the same work.
+``prepare`` builds the inputs once and returns the operation: the call each round times,
+and what completes it after the clock stops (an async save's write). A round may change its
+inputs in place (a load, a broadcast) but never their shapes, so every round does the same
+work.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +24,39 @@ SLOWDOWN_ENV = "GATE_BENCH_SLOWDOWN"  # e.g. 0.10: every timed torch function 10
 EXTRA_MEMORY_ENV = "GATE_BENCH_EXTRA_MIB"  # e.g. 2: every timed torch function holds 2 MiB more
 
 
-def prepare(case: BenchCase, world: Any, workdir: Path) -> Callable[[], object]:
+# A checkpoint that ``resharded_load`` loads is written by this parallelism, or by the
+# second where the case's parallelism is the first: another layout of every tensor.
+RESHARD_FROM = ("fsdp2", "tp")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What a round times, and what completes the call's work after the clock stops."""
+
+    run: Callable[[], object]
+    finish: Callable[[object], object] | None = None
+
+
+def prepare(case: BenchCase, world: Any, workdir: Path) -> Operation:
     """The operation of ``case`` on this rank, its inputs ready."""
     install_regressions(
         float(os.environ.get(SLOWDOWN_ENV, "0")), int(os.environ.get(EXTRA_MEMORY_ENV, "0"))
     )
     function = lookup(*OPS[case.op])
     if case.parallelism is None:
-        return _utility(case, function, world)
-    return _model_op(case, function, world, workdir)
+        return Operation(_utility(case, function, world))
+    if case.op == "async_save":
+        return Operation(_model_op(case, function, world, workdir), finish=_await_write)
+    return Operation(_model_op(case, function, world, workdir))
+
+
+def _await_write(response: Any) -> None:
+    """Wait for an async save's write: its Future, or the upload of the response a stager
+    that stages asynchronously returns."""
+    from concurrent.futures import Future
+
+    future = response if isinstance(response, Future) else response.upload_completion
+    future.result()
 
 
 def _tensors(case: BenchCase, device: Any, fill: float = 1.0) -> dict[str, Any]:
@@ -71,23 +97,53 @@ def _utility(case: BenchCase, function: Callable[..., Any], world: Any) -> Calla
     return lambda: function(source, local_shards, device=device)  # distribute
 
 
-def _model_op(
-    case: BenchCase, function: Callable[..., Any], world: Any, workdir: Path
-) -> Callable[[], object]:
+def _trained(parallelism: str, size_mib: int, world: Any) -> tuple[Any, Any]:
+    """A model of about ``size_mib`` MiB of state, wrapped in ``parallelism``, and its Adam
+    optimizer, one step taken."""
     import torch
 
     from conformance import PARALLELISMS, MLPWithBuffers, batch
 
-    hidden = case.size_mib * MIB // 4 // 13  # fc1 (7 + 1) and fc2 (5) values per unit
+    hidden = size_mib * MIB // 4 // 13  # fc1 (7 + 1) and fc2 (5) values per unit
     torch.manual_seed(0)
-    model = PARALLELISMS[str(case.parallelism)].wrap(MLPWithBuffers(hidden).to(world.device), world)
+    model = PARALLELISMS[parallelism].wrap(MLPWithBuffers(hidden).to(world.device), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     model(batch(0).to(world.device)).sum().backward()
     optimizer.step()
-    get_state_dict = dsd.get_state_dict
+    return model, optimizer
+
+
+def writer_of(parallelism: str) -> str:
+    """The parallelism that writes the checkpoint a resharded load into ``parallelism``
+    reads."""
+    return RESHARD_FROM[1] if parallelism == RESHARD_FROM[0] else RESHARD_FROM[0]
+
+
+def _written_by_another_layout(case: BenchCase, world: Any, workdir: Path) -> Path:
+    """A checkpoint of the case's model and optimizer written under another parallelism
+    (``RESHARD_FROM``), so that loading it reshards every tensor."""
+    from conformance import PARALLELISMS
+
+    source = writer_of(str(case.parallelism))
+    if not PARALLELISMS[source].supports(world.size):
+        raise ValueError(
+            f"{case.name}: {source} writes its checkpoint, and it does not run at "
+            f"{world.size} ranks"
+        )
+    model, optimizer = _trained(source, case.size_mib, world)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer)
+    checkpoint = workdir / f"{case.name}-by-{source}"
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint)
+    return checkpoint
+
+
+def _model_op(
+    case: BenchCase, function: Callable[..., Any], world: Any, workdir: Path
+) -> Callable[[], object]:
+    model, optimizer = _trained(str(case.parallelism), case.size_mib, world)
     if case.op == "get_state_dict":
         return lambda: function(model, optimizer)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = dsd.get_state_dict(model, optimizer)
     if case.op == "set_state_dict":
         # Fresh outer dicts each round: torch 2.13 renames a DDP caller's keys in place
         # (see test_set_state_dict_leaves_the_callers_dicts_unchanged).
@@ -99,10 +155,13 @@ def _model_op(
         )
     state = {"model": model_state, "optim": optim_state}
     checkpoint = workdir / case.name
-    if case.op == "dcp_save":
+    if case.op in ("dcp_save", "async_save"):
         return lambda: function(state, checkpoint_id=checkpoint)
-    dcp.save(state, checkpoint_id=checkpoint)
-    return lambda: function(state, checkpoint_id=checkpoint)  # dcp_load
+    if case.op == "resharded_load":
+        checkpoint = _written_by_another_layout(case, world, workdir)
+    else:
+        dcp.save(state, checkpoint_id=checkpoint)
+    return lambda: function(state, checkpoint_id=checkpoint)  # dcp_load, resharded_load
 
 
 def install_regressions(slowdown: float, extra_mib: int) -> None:

@@ -8,8 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 
-def time_max_over_ranks(world: Any, action: Callable[[], object]) -> float:
+def time_max_over_ranks(
+    world: Any, action: Callable[[], object], finish: Callable[[object], object] | None = None
+) -> float:
     """Seconds ``action`` took on the slowest rank, after a barrier that lines the ranks up.
+    ``finish`` gets what ``action`` returned once the clock has stopped, and completes it
+    before any collective of the round (an async save's write, whose thread has collectives
+    of its own).
 
     On an accelerator the clock stops once the device has finished what ``action`` queued.
     Python's cyclic garbage collector does not run inside the timed window: objects alive
@@ -27,21 +32,25 @@ def time_max_over_ranks(world: Any, action: Callable[[], object]) -> float:
     gc.disable()
     try:
         start = time.perf_counter()
-        action()
+        result = action()
         synchronize(world.device_type)
         stop = time.perf_counter()
     finally:
         gc.enable()
+    if finish is not None:
+        finish(result)
     elapsed = torch.tensor([stop - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())
 
 
-def peak_max_over_ranks(world: Any, action: Callable[[], object]) -> tuple[int | None, int | None]:
-    """Bytes ``action`` held at most over each rank's baseline, on the rank that held the
-    most: on the host (None where ``harness.memory`` cannot measure it) and on the device
-    (None in a CPU world). What ``action`` returns is dropped when it returns, after the
-    peak it made."""
+def peak_max_over_ranks(
+    world: Any, action: Callable[[], object], finish: Callable[[object], object] | None = None
+) -> tuple[int | None, int | None]:
+    """Bytes ``action`` and then ``finish`` of its result held at most over each rank's
+    baseline, on the rank that held the most: on the host (None where ``harness.memory``
+    cannot measure it) and on the device (None in a CPU world). What ``action`` returns is
+    dropped after ``finish``, after the peak it made."""
     import torch
     import torch.distributed as dist
 
@@ -51,7 +60,10 @@ def peak_max_over_ranks(world: Any, action: Callable[[], object]) -> tuple[int |
     world.barrier()
     if measurable:
         with measure_peak(world.device_type) as peak:
-            action()
+            result = action()
+            if finish is not None:
+                finish(result)
+            del result
         figures = [peak.host, -1 if peak.device is None else peak.device]
     else:
         figures = [-1, -1]

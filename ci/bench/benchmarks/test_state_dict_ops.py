@@ -29,9 +29,9 @@ def measure(world: Any, case: BenchCase, rounds: int, workdir: str) -> None:
     from ci.bench.world_timing import peak_max_over_ranks, time_max_over_ranks
 
     operation = prepare(case, world, Path(workdir))
-    time_max_over_ranks(world, operation)  # warm-up: allocations, caches, lazy init
-    seconds = [time_max_over_ranks(world, operation) for _ in range(rounds)]
-    host, device = peak_max_over_ranks(world, operation)
+    time_max_over_ranks(world, operation.run, operation.finish)  # warm-up: caches, lazy init
+    seconds = [time_max_over_ranks(world, operation.run, operation.finish) for _ in range(rounds)]
+    host, device = peak_max_over_ranks(world, operation.run, operation.finish)
     write_timings(world, {"seconds": seconds, "peak_host_bytes": host, "peak_device_bytes": device})
 
 
