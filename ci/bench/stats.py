@@ -19,8 +19,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Two-sided. 44 benchmarks in each of three comparisons of a build with itself should flag
-# none: at 0.1% a side, about one comparison in eight flags one, before the threshold.
+# Two-sided. The 60 default benchmarks in each of three comparisons of a build with itself
+# should flag none: at 0.1% a side, about one comparison in six flags one, before the
+# threshold.
 CONFIDENCE = 0.998
 POWER = 0.8  # the minimum detectable effect is the slowdown caught this often
 REGRESSION, IMPROVEMENT, UNCHANGED = "regression", "improvement", "unchanged"
