@@ -70,21 +70,39 @@ def test_a_group_heavier_than_a_shards_share_is_cut_into_runs_of_its_ids() -> No
 
 
 def test_jobs_claim_the_largest_world_first_and_within_it_the_dearest_group() -> None:
-    order = [group for group, _ in shard.claim_order(IDS, DURATIONS)]
+    order = [claim for claim, _ in shard.claim_order(IDS, DURATIONS)]
     assert order == [
-        ("test_c", 4),
-        ("test_a", 4),
-        ("test_b", 2),  # 6 s
-        ("test_a", 2),  # 5 s
-        ("test_a", 1),
-        ("test_d", 1),  # a test of no world: 0.5 s
+        ("test_c", 4, 0),
+        ("test_a", 4, 0),
+        ("test_b", 2, 0),  # 6 s
+        ("test_a", 2, 0),  # 5 s
+        ("test_a", 1, 0),
+        ("test_d", 1, 0),  # a test of no world: 0.5 s
     ]
 
 
-def test_each_group_is_run_whole_by_the_one_job_that_claims_it_first(tmp_path: Path) -> None:
-    order = shard.claim_order(IDS, DURATIONS)
-    group_of = {nodeid: group for group, members in order for nodeid in members}
-    jobs = [shard.Claims(tmp_path, group_of), shard.Claims(tmp_path, group_of)]
+def test_jobs_claim_a_group_heavier_than_a_jobs_share_in_runs_of_its_ids() -> None:
+    long = [f"conformance/checks/test_long.py::t[w2-{n}]" for n in range(5)]
+    ids = [*long, "conformance/checks/test_b.py::t[w2]", "conformance/checks/test_b.py::v[w2]"]
+    weights = {**DURATIONS, "conformance/checks/test_long.py::t[w2]": 4.0}
+    # 26 s in all, 13 s a job at two: test_long (20 s) is cut in its order into runs within
+    # 13 s, three ids (12 s) and two (8 s); test_b (6 s) stays whole; the dearest run first.
+    assert shard.claim_order(ids, weights, jobs=2) == [
+        (("test_long", 2, 0), long[:3]),
+        (("test_long", 2, 1), long[3:]),
+        (("test_b", 2, 0), ids[5:]),
+    ]
+    # One job: nothing outweighs its share, every group is one run.
+    assert [claim for claim, _ in shard.claim_order(ids, weights)] == [
+        ("test_long", 2, 0),
+        ("test_b", 2, 0),
+    ]
+
+
+def test_each_run_is_run_whole_by_the_one_job_that_claims_it_first(tmp_path: Path) -> None:
+    order = shard.claim_order(IDS, DURATIONS, jobs=2)
+    claim_of = {nodeid: claim for claim, members in order for nodeid in members}
+    jobs = [shard.Claims(tmp_path, claim_of), shard.Claims(tmp_path, claim_of)]
     ran: list[list[str]] = [[], []]
     for turn, (_, members) in enumerate(order):  # each job asks for every id as it comes due
         for nodeid in members:

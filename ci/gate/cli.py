@@ -121,9 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = None) -> list[str]:
+def pytest_command(
+    args: argparse.Namespace, out: Path, claims: Path | None = None, jobs: int = 1
+) -> list[str]:
     """The pytest run of the gate: the suite, the options, and the recorder plugin; with
-    ``claims``, a job that runs the groups of ids it claims in that directory first."""
+    ``claims``, one of ``jobs`` jobs that runs the runs of ids it claims in that directory
+    first."""
     extra: list[str] = args.pytest_args
     named = [
         arg for arg in extra if not arg.startswith("-") and (SUITE_ROOT / path_of(arg)).exists()
@@ -159,7 +162,7 @@ def pytest_command(args: argparse.Namespace, out: Path, claims: Path | None = No
         if args.gate_shard:
             command.append(f"--gate-shard={args.gate_shard}")
         if claims:
-            command.append(f"--gate-claims={claims}")
+            command += [f"--gate-claims={claims}", f"--gate-claim-jobs={jobs}"]
         if args.gate_shard_durations:
             command.append(f"--gate-shard-durations={Path(args.gate_shard_durations).resolve()}")
     return command + options
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         status = subprocess.run(pytest_command(args, out), cwd=SUITE_ROOT, check=False).returncode
     else:
         print(f"gate: {jobs} jobs side by side, each writing into {out / 'jobs'}")
-        status = run_jobs(partial(pytest_command, args), jobs, out, SUITE_ROOT)
+        status = run_jobs(partial(pytest_command, args, jobs=jobs), jobs, out, SUITE_ROOT)
     if not results_path.exists():
         print(f"gate: pytest exited with {status} and wrote no results to {out}", file=sys.stderr)
         return status or NO_RESULTS_EXIT

@@ -12,8 +12,11 @@ ci.gate.merge`` joins the N reports into one. Loaded by ``ci.gate`` as ``-p ci.g
 Jobs side by side on one host (``ci.gate.jobs``) do not split their ids ahead: each runs the
 groups it claims (``--gate-claims DIR``, a directory they share), in one order, the largest
 world first and within it the dearest group first; a job that finishes a group claims the
-next one no job has claimed. Recorded weights only order the groups, so the jobs end within
-one small group of each other however the host's contention differs from the recording.
+next one no job has claimed. A group that outweighs a job's share (``--gate-claim-jobs N``
+jobs share the ids) is cut into runs within that share, as for shards, so one job does not
+run a module of a few long tests while the others idle. Recorded weights only order the
+groups, so the jobs end within one small group of each other however the host's contention
+differs from the recording.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ci.gate.node_ids import module_of, world_size_of
 from ci.gate.tier import UNKNOWN_DURATION_S
 
 Group = tuple[str, int]  # a module's tests at one world size
+Claim = tuple[str, int, int]  # a run of a group's ids that one job claims: the group, a piece
 CLAIMS = pytest.StashKey["Claims"]()
 
 
@@ -90,35 +94,41 @@ def split(ids: list[str], durations: dict[str, float], count: int) -> list[list[
     return [[nodeid for nodeid in ids if owner[nodeid] == part] for part in range(count)]
 
 
-def claim_order(ids: list[str], durations: dict[str, float]) -> list[tuple[Group, list[str]]]:
-    """The groups of ``ids`` in the order jobs claim them: the largest world first (a job
-    then starts each world size once or twice), within it the dearest group first (the last
+def claim_order(
+    ids: list[str], durations: dict[str, float], jobs: int = 1
+) -> list[tuple[Claim, list[str]]]:
+    """The runs of ``ids`` in the order ``jobs`` jobs claim them: each group whole, or cut
+    into pieces within a job's share where it outweighs it; the largest world first (a job
+    then starts each world size once or twice), within it the dearest run first (the last
     ones claimed are the cheapest, so the jobs end close together)."""
-    return sorted(
-        _groups(ids).items(),
-        key=lambda group: (-group[0][1], -_weight(group[1], durations), group[0]),
-    )
+    share = _weight(ids, durations) / jobs
+    runs = [
+        ((module, size, piece), members)
+        for (module, size), group in _groups(ids).items()
+        for piece, members in enumerate(_pieces(group, durations, share))
+    ]
+    return sorted(runs, key=lambda run: (-run[0][1], -_weight(run[1], durations), run[0]))
 
 
 class Claims:
     """The groups this job runs: a group is claimed when its first test is due, by creating
     its file in the directory the jobs share; the job that creates it runs the group."""
 
-    def __init__(self, directory: Path, group_of: dict[str, Group]) -> None:
+    def __init__(self, directory: Path, claim_of: dict[str, Claim]) -> None:
         self.directory = directory
-        self.group_of = group_of
-        self.decided: dict[Group, bool] = {}
+        self.claim_of = claim_of
+        self.decided: dict[Claim, bool] = {}
 
     def ours(self, nodeid: str) -> bool:
-        group = self.group_of[nodeid]
-        if group not in self.decided:
-            self.decided[group] = self._claim(group)
-        return self.decided[group]
+        claim = self.claim_of[nodeid]
+        if claim not in self.decided:
+            self.decided[claim] = self._claim(claim)
+        return self.decided[claim]
 
-    def _claim(self, group: Group) -> bool:
-        module, size = group
+    def _claim(self, claim: Claim) -> bool:
+        module, size, piece = claim
         try:
-            (self.directory / f"{module}[w{size}]").touch(exist_ok=False)
+            (self.directory / f"{module}[w{size}]#{piece}").touch(exist_ok=False)
         except FileExistsError:
             return False
         return True
@@ -135,6 +145,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="run only the groups of ids this job claims first in DIR, which jobs side by "
         "side share",
+    )
+    group.addoption(
+        "--gate-claim-jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many jobs share --gate-claims: a group of ids heavier than 1/N of their "
+        "recorded time is cut into runs that jobs claim apart",
     )
 
 
@@ -156,16 +174,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
     if claims:
-        order = claim_order(kept, durations)
+        order = claim_order(kept, durations, config.getoption("gate_claim_jobs"))
         position = {nodeid: index for index, (_, members) in enumerate(order) for nodeid in members}
         items.sort(key=lambda item: position[item.nodeid])
-        group_of = {nodeid: group for group, members in order for nodeid in members}
-        config.stash[CLAIMS] = Claims(Path(claims), group_of)
+        claim_of = {nodeid: claim for claim, members in order for nodeid in members}
+        config.stash[CLAIMS] = Claims(Path(claims), claim_of)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> bool | None:
-    """A test of a group another job claimed is left to it: no phase runs, nothing is
+    """A test of a run another job claimed is left to it: no phase runs, nothing is
     reported here."""
     claims = item.config.stash.get(CLAIMS, None)
     if claims is None or claims.ours(item.nodeid):
