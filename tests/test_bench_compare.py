@@ -49,6 +49,18 @@ def test_the_interval_brackets_the_true_ratio() -> None:
     assert interval.high - interval.low < 0.08
 
 
+def test_a_slow_moment_shared_by_a_pairs_runs_cancels() -> None:
+    """Pair i's runs ran in lockstep: a factor of the machine's moment (here up to 40%) falls
+    on both, and the 10% slowdown is found in a narrow interval all the same."""
+    moments = np.exp(0.2 * np.random.default_rng(5).standard_normal((8, 1)))
+    baseline = tuple(map(tuple, moments * np.array(_runs(1.0, 1, runs=8))))
+    candidate = tuple(map(tuple, moments * np.array(_runs(1.10, 2, runs=8))))
+    interval = ratio_interval(baseline, candidate)
+    assert interval.low < 1.10 < interval.high
+    assert interval.high - interval.low < 0.08
+    assert compare("op", baseline, candidate, threshold=1.05).verdict == REGRESSION
+
+
 def test_run_to_run_spread_widens_the_interval() -> None:
     steady = ratio_interval(_runs(1.0, 1), _runs(1.0, 2))
     one_slow_run = (*_runs(1.0, 2)[:3], tuple(1.3 * t for t in _runs(1.0, 2)[3]))
@@ -72,6 +84,7 @@ def test_verdicts_follow_the_interval_and_the_threshold(
     [
         (0.975, 10, 2.228),
         (0.995, 5, 4.032),
+        (0.999, 9, 4.297),  # ten pairs, the default
         (0.999, 20, 3.552),
         (0.999, 34, 3.348),
         (0.8, 8, 0.889),
@@ -127,8 +140,10 @@ def test_the_interval_is_reproducible() -> None:
 
 
 def test_bad_comparisons_are_refused() -> None:
-    with pytest.raises(ValueError, match="at least two runs"):
+    with pytest.raises(ValueError, match="runs come in pairs: 1 of the baseline, 2 of"):
         ratio_interval(((1.0,),), ((1.0,), (1.0,)))
+    with pytest.raises(ValueError, match="at least two runs"):
+        ratio_interval(((1.0,),), ((1.0,),))
     with pytest.raises(ValueError, match="at least two runs"):
         ratio_interval(((), (1.0,)), ((1.0,), (1.0,)))
     with pytest.raises(ValueError, match="threshold"):
@@ -163,7 +178,10 @@ def test_cases_are_validated_and_named() -> None:
         BenchCase("gatherr", 4)
     assert [writer_of(cell) for cell in ("ddp", "fsdp2", "tp")] == ["fsdp2", "tp", "fsdp2"]
     names = [case.name for case in cases((4,))]
-    assert len(names) == len(set(names)) == 6 + 6 * 4
+    # Six utilities, six model operations for four cells, less FSDP1's async save.
+    assert len(names) == len(set(names)) == 6 + 6 * 4 - 1
+    assert "async_save-fsdp1_full_shard_orig-4MiB" not in names
+    assert "async_save-fsdp2-4MiB" in names
 
 
 MIB = 2**20
@@ -204,18 +222,17 @@ def test_peaks_within_the_resolution_print_no_ratio() -> None:
 def test_an_injected_slowdown_and_memory_regression_are_flagged(tmp_path: Path) -> None:
     """A candidate whose every timed torch function sleeps nine times its own duration (a 10x
     slowdown) and holds 4 MiB more: a copy and a gather are each flagged slower and each
-    flagged for memory, in one comparison.
+    flagged for memory, in one comparison of runs in lockstep.
 
-    Runs of a 0.08 ms copy are noisy (10-25% between runs). With three runs a side, one
-    noisy side leaves Welch's interval about 2 degrees of freedom, where the 99.8% t quantile
-    is near 20: its half-width passed 2.3 in log ratio and a 10x slowdown went unflagged.
-    Five runs a side give at least 4 degrees of freedom (a quantile of 7 or less), so the
-    half-width reaches 2.3 only if a side's runs spread by about 70% (in log)."""
+    Runs of a 0.08 ms copy are noisy (10-25% between runs). Five pairs give the paired
+    interval 4 degrees of freedom (a 99.8% t quantile of 7.2), so its half-width reaches
+    log(10) only if the pairs' log ratios spread by about 70%."""
     out = tmp_path / "compare"
     output, returncode = _compare(
         "--runs", "5", "--warmup-runs", "0", "--out", str(out),
         "--candidate-env", "GATE_BENCH_SLOWDOWN=9.0", "--candidate-env", "GATE_BENCH_EXTRA_MIB=4",
-        "--", "--bench-sizes-mib", "2", "--bench-rounds", "6", "-k", "copy-2MiB or gather-2MiB",
+        "--", "--bench-sizes-mib", "2", "--bench-rounds", "6", "--bench-seconds", "0",
+        "-k", "copy-2MiB or gather-2MiB",
     )  # fmt: skip
     assert returncode == 1, output
     raw = json.loads((out / "raw" / "candidate-0.json").read_text())
@@ -289,7 +306,7 @@ def test_an_async_saves_blocking_part_and_a_resharded_load_are_timed(
             *(sys.executable, "-m", "pytest", "ci/bench/benchmarks/test_state_dict_ops.py"),
             *("-q", "-p", "no:cacheprovider", f"--benchmark-json={raw}", "-k", chosen),
             *("--bench-world-size", str(world_size), "--bench-sizes-mib", "4"),
-            *("--bench-parallelisms", "fsdp2,tp", "--bench-rounds", "3"),
+            *("--bench-parallelisms", "fsdp2,tp", "--bench-rounds", "3", "--bench-seconds", "0"),
         ],
         cwd=SUITE_ROOT,
         capture_output=True,
@@ -342,7 +359,7 @@ def test_a_comparison_with_nothing_to_judge_fails(
     runs_of = {"baseline": baseline, "candidate": candidate}
     torch_of = {"baseline": "2.13.0", "candidate": "2.13.0"}
     no_peaks: dict[str, dict[str, list[int]]] = {"baseline": {}, "candidate": {}}
-    monkeypatch.setattr(bench_compare, "interleaved", lambda *args: (runs_of, torch_of, no_peaks))
+    monkeypatch.setattr(bench_compare, "in_lockstep", lambda *args: (runs_of, torch_of, no_peaks))
     status = bench_compare.main(["--out", str(tmp_path)])
     assert status == bench_compare.NOTHING_COMPARED_EXIT != 0
     assert message in capsys.readouterr().err

@@ -21,36 +21,39 @@ from pathlib import Path
 
 from ci.bench import report as bench_report
 from ci.bench.memory_stats import PeakComparison, compare_peaks
-from ci.bench.runs import Build, env_pairs, read_peaks, read_timings, run_benchmarks
+from ci.bench.runs import Build, env_pairs, read_peaks, read_timings, run_pair
 from ci.bench.stats import REGRESSION, Comparison, compare
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# About 13 minutes on a 2-core machine (a run of the default benchmarks, 20 rounds each,
-# takes about 35 s): enough that a 10% slowdown of most benchmarks of 1 ms or more is caught.
-RUNS = 10
+# Pairs of runs: about 15 minutes on a 2-core machine (a pair of runs of the default
+# benchmarks takes about 95 s), enough that a 10% slowdown of most benchmarks of 1 ms or more
+# is caught (ci/bench/sample-report/README.md).
+RUNS = 9
 
 
 RunsOf = dict[str, dict[str, list[tuple[float, ...]]]]  # build -> benchmark -> runs' rounds
 PeaksOf = dict[str, dict[str, list[int]]]  # build -> benchmark's memory -> runs' peaks
 
 
-def interleaved(
+def in_lockstep(
     baseline: Build, candidate: Build, runs: int, warmup_runs: int, out: Path, args: list[str]
 ) -> tuple[RunsOf, dict[str, str], PeaksOf]:
-    """Each benchmark's rounds and peak memory per build and run, over ``runs`` runs in the
-    order A B B A A B ..., after ``warmup_runs`` unrecorded runs of each build (file caches,
-    imports: the first run on a machine is slower, whichever build it is)."""
+    """Each benchmark's rounds and peak memory per build and run, over ``runs`` pairs of runs
+    in lockstep (``ci.bench.lockstep``), the baseline taking the first turn in even pairs and
+    the candidate in odd ones, after ``warmup_runs`` unrecorded pairs."""
     runs_of: RunsOf = {baseline.label: {}, candidate.label: {}}
     peaks_of: PeaksOf = {baseline.label: {}, candidate.label: {}}
     torch_of: dict[str, str] = {}
     for run in range(-warmup_runs, runs):
         order = (baseline, candidate) if run % 2 == 0 else (candidate, baseline)
-        for build in order:
-            what = "warm-up" if run < 0 else f"run {run + 1}/{runs}"
-            print(f"bench_compare: {what}: {build.label}", flush=True)
-            name = f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}"
-            raw = run_benchmarks(build, name, out, args)
+        what = "warm-up" if run < 0 else f"pair {run + 1}/{runs}"
+        print(f"bench_compare: {what}: {order[0].label} first", flush=True)
+        names = tuple(
+            f"{build.label}-warmup{-run}" if run < 0 else f"{build.label}-{run}" for build in order
+        )
+        raws = run_pair(order, (names[0], names[1]), out, args)
+        for build, raw in zip(order, raws, strict=True):
             timings, torch_of[build.label] = read_timings(raw)
             if run < 0:
                 continue
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "--runs", type=int, default=RUNS, help=f"runs per build, at least 2 (default {RUNS})"
     )
     parser.add_argument(
-        "--warmup-runs", type=int, default=1, help="unrecorded runs per build first (default 1)"
+        "--warmup-runs", type=int, default=0, help="unrecorded pairs of runs first (default 0)"
     )
     parser.add_argument("--threshold", type=float, default=1.05, help="slowdown ratio to fail")
     parser.add_argument(
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = Build("baseline", args.baseline_python, env_pairs(args.baseline_env))
     candidate = Build("candidate", args.candidate_python, env_pairs(args.candidate_env))
     out: Path = args.out.resolve()
-    runs_of, torch_of, peaks_of = interleaved(
+    runs_of, torch_of, peaks_of = in_lockstep(
         baseline, candidate, args.runs, args.warmup_runs, out, args.pytest_args
     )
     unmatched = sorted(set(runs_of["baseline"]) ^ set(runs_of["candidate"]))

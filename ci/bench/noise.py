@@ -3,12 +3,13 @@
     python -m ci.bench.noise [--python P] [--runs 8] [--env KEY=VALUE] [--wrap "setarch -R"]
         [--out bench-noise] [-- BENCHMARK PYTEST ARGS]
 
-Runs the state-dict benchmarks ``--runs`` times in fresh processes and prints, per benchmark,
-the spread between runs (standard deviation of the log of each run's time, its fastest round,
-as the comparison takes it: what decides an A/B comparison's interval) beside the spread of
-rounds within a run, and the part of the between-run spread that is one factor shared by
-every benchmark of a run (a run that is slow everywhere). Each lever of ``ci/README.md``'s
-noise table was measured with it.
+Runs the state-dict benchmarks ``--runs`` times in fresh processes, one after another, and
+prints, per benchmark, the spread between runs (standard deviation of the log of each run's
+time, its median round, as the comparison takes it) beside the spread of rounds within a
+run, and the part of the between-run spread that is one factor shared by every benchmark of a
+run (a run that is slow everywhere). This is the noise a comparison of runs one after another
+would face; ``ci.bench.compare`` pairs its runs in lockstep, which cancels what a pair's runs
+share. Each lever of ``ci/bench/sample-report/README.md``'s noise table was measured with it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Spread:
     """One benchmark's noise over runs of one build, as fractions (log-scale deviations)."""
 
     name: str
-    run_time_s: float  # the median over runs of a run's time (its fastest round)
+    run_time_s: float  # the median over runs of a run's time (its median round)
     between_runs: float  # std of log run times
     within_run: float  # median over runs of the std of log rounds
     between_without_shared: float  # between_runs once each run's shared factor is removed

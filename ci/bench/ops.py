@@ -99,7 +99,19 @@ def _utility(case: BenchCase, function: Callable[..., Any], world: Any) -> Calla
 
 def _trained(parallelism: str, size_mib: int, world: Any) -> tuple[Any, Any]:
     """A model of about ``size_mib`` MiB of state, wrapped in ``parallelism``, and its Adam
-    optimizer, one step taken."""
+    optimizer, one step taken; built once per rank process and shared by the cases of that
+    cell and size, as one training job's model serves its saves, loads and state dicts
+    (building them was most of a run's set-up)."""
+    key = (parallelism, size_mib)
+    if key not in _TRAINED:
+        _TRAINED[key] = _train(parallelism, size_mib, world)
+    return _TRAINED[key]
+
+
+_TRAINED: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+
+def _train(parallelism: str, size_mib: int, world: Any) -> tuple[Any, Any]:
     import torch
 
     from conformance import PARALLELISMS, MLPWithBuffers, batch
@@ -121,7 +133,8 @@ def writer_of(parallelism: str) -> str:
 
 def _written_by_another_layout(case: BenchCase, world: Any, workdir: Path) -> Path:
     """A checkpoint of the case's model and optimizer written under another parallelism
-    (``RESHARD_FROM``), so that loading it reshards every tensor."""
+    (``RESHARD_FROM``), so that loading it reshards every tensor; written once per rank
+    process for each writer and size."""
     from conformance import PARALLELISMS
 
     source = writer_of(str(case.parallelism))
@@ -130,11 +143,16 @@ def _written_by_another_layout(case: BenchCase, world: Any, workdir: Path) -> Pa
             f"{case.name}: {source} writes its checkpoint, and it does not run at "
             f"{world.size} ranks"
         )
-    model, optimizer = _trained(source, case.size_mib, world)
-    model_state, optim_state = dsd.get_state_dict(model, optimizer)
-    checkpoint = workdir / f"{case.name}-by-{source}"
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint)
+    checkpoint = workdir / f"written-by-{source}-{case.size_mib}MiB"
+    if checkpoint not in _WRITTEN:
+        model, optimizer = _trained(source, case.size_mib, world)
+        model_state, optim_state = dsd.get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint)
+        _WRITTEN.add(checkpoint)
     return checkpoint
+
+
+_WRITTEN: set[Path] = set()
 
 
 def _model_op(

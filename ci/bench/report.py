@@ -107,10 +107,11 @@ def _title(comparisons: list[Comparison], peaks: list[PeakComparison], builds: B
 
 def _method(builds: Builds) -> str:
     return (
-        f"baseline: {builds.baseline}; candidate: {builds.candidate}. {builds.runs} interleaved "
-        f"runs per build after a warm-up; a run's time is its fastest round; ratio = geometric "
-        f"mean of the candidate's run times / the baseline's; interval = {CONFIDENCE:.1%} Welch "
-        f"interval on their logs; noise = spread of the log run times; "
+        f"baseline: {builds.baseline}; candidate: {builds.candidate}. {builds.runs} pairs of "
+        f"runs, each pair in lockstep (each round of one build next to the same round of the "
+        f"other); a pair's ratio is the geometric mean of its rounds' ratios (candidate / "
+        f"baseline); ratio = geometric mean of the pairs' ratios; interval = {CONFIDENCE:.1%} "
+        f"paired t interval on their logs; noise = spread of the pairs' log ratios; "
         f"MDE = the slowdown flagged with {POWER:.0%} probability at this noise; a regression "
         f"when the ratio is at least {builds.threshold} and the interval lies above 1. Peak "
         f"memory: one measurement per run on the rank that held the most, over its baseline "

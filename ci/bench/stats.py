@@ -1,14 +1,15 @@
-"""A/B statistics of benchmark timings: the ratio of the builds' typical run, its interval,
-the verdict, and the smallest slowdown the comparison would have caught.
+"""A/B statistics of benchmark timings: the ratio of the builds' times, its interval, the
+verdict, and the smallest slowdown the comparison would have caught.
 
-Runs are the independent samples: rounds of one run share that process's luck (memory
-layout, where the scheduler put its ranks), so each run is summarised by its fastest round,
-and the builds are compared on the logs of those run times with Welch's interval.
+The builds' runs come in pairs run in lockstep (``ci.bench.lockstep``): round ``r`` of one
+run is next in time to round ``r`` of the other, so a slow moment of the machine falls on
+both. A pair's log ratio is the mean over its rounds of ``log(candidate_r / baseline_r)``,
+and the pairs are the independent samples of a paired t interval: rounds of one pair share
+its processes' luck (memory layout, where the ranks ran), pairs do not.
 
-The fastest round, not the median: timing noise on a shared machine only ever adds time, and
-the fastest of 20 rounds varied least from run to run of every summary measured (median,
-mean, lower quartile; ``ci/bench/sample-report/README.md``). Its blind spot: a regression
-that slows only some calls (an occasional stall) moves it less than the median.
+Of the summaries tried on the same runs (the ratio of the runs' medians, of their fastest
+rounds, of their means, the median of the rounds' ratios), the mean of the rounds' log
+ratios varied least from pair to pair (``ci/bench/sample-report/README.md``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Two-sided. The 60 default benchmarks in each of three comparisons of a build with itself
-# should flag none: at 0.1% a side, about one comparison in six flags one, before the
-# threshold.
+# Two-sided. With the threshold also to pass, the 60 default benchmarks in each of three
+# comparisons of a build with itself should flag none.
 CONFIDENCE = 0.998
 POWER = 0.8  # the minimum detectable effect is the slowdown caught this often
 REGRESSION, IMPROVEMENT, UNCHANGED = "regression", "improvement", "unchanged"
@@ -38,12 +38,13 @@ class Interval:
     low: float
     high: float
     log_se: float  # standard error of the log ratio
-    df: float  # Welch's degrees of freedom
+    df: float  # degrees of freedom: pairs less one
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """One benchmark's timings on both builds: the rounds of each interleaved run."""
+    """One benchmark's timings on both builds: the rounds of each run, run ``i`` of each
+    build in lockstep with the other's."""
 
     name: str
     baseline: Runs
@@ -53,11 +54,11 @@ class Comparison:
     high: float
     verdict: str
     mde: float  # the slowdown (0.1 = 10%) flagged with probability POWER
-    noise: float  # spread of the log run times, both sides pooled
+    noise: float  # spread of the pairs' log ratios
 
     @property
     def baseline_time(self) -> float:
-        """The baseline's run time: the geometric mean of its runs' fastest rounds."""
+        """The baseline's run time: the geometric mean of its runs' median rounds."""
         return float(np.exp(np.mean(log_run_times(self.baseline))))
 
     @property
@@ -66,8 +67,18 @@ class Comparison:
 
 
 def log_run_times(runs: Runs) -> np.ndarray:
-    """Each run's time: its fastest round (see the module's docstring), as a log."""
-    return np.log([min(run) for run in runs])
+    """Each run's typical time, its median round, as a log."""
+    return np.log([float(np.median(run)) for run in runs])
+
+
+def pair_log_ratios(baseline: Runs, candidate: Runs) -> np.ndarray:
+    """Each pair's log ratio: the mean of ``log(candidate_r / baseline_r)`` over the rounds
+    both runs timed (a short case's runs may time a few rounds more on one side)."""
+    ratios = []
+    for base, cand in zip(baseline, candidate, strict=True):
+        common = min(len(base), len(cand))
+        ratios.append(float(np.mean(np.log(cand[:common]) - np.log(base[:common]))))
+    return np.array(ratios)
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -84,21 +95,21 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def ratio_interval(baseline: Runs, candidate: Runs) -> Interval:
-    """The ratio of the geometric means of the run times (candidate / baseline) and its
-    Welch interval at ``CONFIDENCE``."""
-    if len(baseline) < 2 or len(candidate) < 2 or not all(baseline) or not all(candidate):
+    """The ratio of the builds' times (candidate / baseline: the geometric mean of the
+    pairs' ratios) and its paired t interval at ``CONFIDENCE``; run ``i`` of each side form
+    pair ``i``."""
+    if len(baseline) != len(candidate):
+        raise ValueError(
+            f"runs come in pairs: {len(baseline)} of the baseline, {len(candidate)} of the "
+            "candidate"
+        )
+    if len(baseline) < 2 or not all(baseline) or not all(candidate):
         raise ValueError("both sides need at least two runs of at least one timing")
-    logs_b, logs_c = log_run_times(baseline), log_run_times(candidate)
-    var_b, var_c = logs_b.var(ddof=1) / logs_b.size, logs_c.var(ddof=1) / logs_c.size
-    total = var_b + var_c
-    log_se = math.sqrt(total)
-    df = (
-        total**2 / (var_b**2 / (logs_b.size - 1) + var_c**2 / (logs_c.size - 1))
-        if total > 0
-        else float(logs_b.size + logs_c.size - 2)
-    )
+    pairs = pair_log_ratios(baseline, candidate)
+    df = float(pairs.size - 1)
+    log_se = float(pairs.std(ddof=1) / math.sqrt(pairs.size))
     half = t_quantile(1 - (1 - CONFIDENCE) / 2, df) * log_se
-    diff = float(logs_c.mean() - logs_b.mean())
+    diff = float(pairs.mean())
     return Interval(math.exp(diff), math.exp(diff - half), math.exp(diff + half), log_se, df)
 
 
@@ -122,9 +133,7 @@ def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Com
         verdict = REGRESSION
     elif interval.high < 1 and interval.ratio <= 1 / threshold:
         verdict = IMPROVEMENT
-    logs = (log_run_times(baseline), log_run_times(candidate))
-    pooled = np.concatenate([side - side.mean() for side in logs])
-    noise = float(np.sqrt(np.sum(pooled**2) / (pooled.size - 2)))
+    noise = interval.log_se * math.sqrt(len(baseline))
     return Comparison(
         name,
         baseline,

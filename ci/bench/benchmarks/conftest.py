@@ -25,7 +25,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("state-dict benchmarks")
     group.addoption("--bench-world-size", type=int, default=2, help="ranks (default 2)")
     group.addoption(
-        "--bench-rounds", type=int, default=20, help="timed rounds per case (default 20)"
+        "--bench-rounds", type=int, default=8, help="timed rounds per case, at least (default 8)"
+    )
+    group.addoption(
+        "--bench-seconds",
+        type=float,
+        default=0.2,
+        help="a case's rounds go on until they add up to this, up to 64 (default 0.2; 0: "
+        "exactly --bench-rounds)",
     )
     group.addoption(
         "--bench-parallelisms",

@@ -1,11 +1,13 @@
 """Benchmarks of the torch build's state-dict operations, timed inside a world.
 
 Each case runs on every rank: one warm-up round, then ``--bench-rounds`` rounds of
-barrier, time, maximum over ranks, then one round whose peak memory each rank measures
+barrier, time, maximum over ranks (more for a short case, until they add up to
+``--bench-seconds``), then one round whose peak memory each rank measures
 over its own baseline (``harness.memory``; the largest rank's, host and device, goes to the
 benchmark's ``extra_info`` as ``peak_host_bytes`` and ``peak_device_bytes``).
 pytest-benchmark records the ranks' timings through a replay clock, so ``--benchmark-json``
-holds them with its usual statistics.
+holds them with its usual statistics. Under ``ci.bench.compare`` each of those steps (the
+set-up, each round) takes turns with the other build's run (``ci.bench.lockstep``).
 
     python -m pytest ci/bench/benchmarks --benchmark-json=bench.json [--bench-sizes-mib 4,32]
 """
@@ -21,17 +23,30 @@ from ci.bench.cases import BenchCase
 from ci.bench.replay_clock import CLOCK
 from ci.bench.world import run_timed, write_timings
 
+# A short case's rounds go on past --bench-rounds until they add up to --bench-seconds, up to
+# this many: its rounds vary the most, and cost the least.
+MOST_ROUNDS = 64
 
-def measure(world: Any, case: BenchCase, rounds: int, workdir: str) -> None:
-    """Runs on every rank: time ``case``, then measure its peak memory; rank 0 hands back
-    the slowest rank's seconds and the largest rank's peak."""
+
+def measure(world: Any, case: BenchCase, rounds: int, budget_s: float, workdir: str) -> None:
+    """Runs on every rank: time ``case`` for ``rounds`` rounds, and more while they add up to
+    less than ``budget_s`` (every rank sees the same slowest-rank times, so all agree when to
+    stop), then measure its peak memory; rank 0 hands back the slowest rank's seconds and the
+    largest rank's peak."""
+    from ci.bench.lockstep import step
     from ci.bench.ops import prepare
     from ci.bench.world_timing import peak_max_over_ranks, time_max_over_ranks
 
-    operation = prepare(case, world, Path(workdir))
-    time_max_over_ranks(world, operation.run, operation.finish)  # warm-up: caches, lazy init
-    seconds = [time_max_over_ranks(world, operation.run, operation.finish) for _ in range(rounds)]
-    host, device = peak_max_over_ranks(world, operation.run, operation.finish)
+    with step(world):
+        operation = prepare(case, world, Path(workdir))
+    with step(world):
+        time_max_over_ranks(world, operation.run, operation.finish)  # warm-up: caches, lazy init
+    seconds: list[float] = []
+    while len(seconds) < rounds or (sum(seconds) < budget_s and len(seconds) < MOST_ROUNDS):
+        with step(world):
+            seconds.append(time_max_over_ranks(world, operation.run, operation.finish))
+    with step(world):
+        host, device = peak_max_over_ranks(world, operation.run, operation.finish)
     write_timings(world, {"seconds": seconds, "peak_host_bytes": host, "peak_device_bytes": device})
 
 
@@ -44,8 +59,12 @@ def test_state_dict_op(
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    rounds = request.config.getoption("bench_rounds")
-    params = {"case": case, "rounds": rounds, "workdir": str(bench_workdir)}
+    params = {
+        "case": case,
+        "rounds": request.config.getoption("bench_rounds"),
+        "budget_s": request.config.getoption("bench_seconds"),
+        "workdir": str(bench_workdir),
+    }
     measured = run_timed(bench_world, measure, params, tmp_path)
     import torch
 

@@ -1,0 +1,151 @@
+"""Two builds' benchmark runs in lockstep: each step of one run (a case's set-up, a round)
+is followed by the same step of the other, so that a slow moment of the machine falls on
+both builds' rounds alike and their ratio cancels it.
+
+The two runs are two pytest processes started together (``run_benchmarks_in_lockstep``).
+They pass one turn between them through two named pipes in a directory they share: rank 0 of
+a run's world takes the turn before a step and gives it to the other run after it, while the
+other run's ranks sleep (``Turns.step``). A run that has ended gives up its turns for good: the
+controller marks it done, and the other run goes on alone.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TURNS_ENV = "GATE_BENCH_TURNS"  # DIRECTORY:SIDE, SIDE 0 or 1: the run takes turns there
+WAIT_S = 1.0  # how often a waiting run looks whether the other has ended
+TURN_TIMEOUT_S = 1800.0  # a turn not given back within this means the other run is stuck
+
+
+def _pipe(directory: Path, side: int) -> Path:
+    return directory / f"turn-{side}"
+
+
+def _done(directory: Path, side: int) -> Path:
+    return directory / f"done-{side}"
+
+
+class Turns:
+    """One run's side of the turn: ``step`` holds it for one step on rank 0."""
+
+    def __init__(self, directory: Path, side: int) -> None:
+        if side not in (0, 1):
+            raise ValueError(f"{TURNS_ENV}: the side is 0 or 1, not {side}")
+        self.directory = directory
+        self.side = side
+        # Read and write ends both open on each pipe, so neither open blocks and no byte is
+        # lost while the other run is between steps.
+        self._mine = os.open(_pipe(directory, side), os.O_RDWR)
+        self._theirs = os.open(_pipe(directory, 1 - side), os.O_RDWR)
+
+    def take(self) -> None:
+        """Wait for the turn, or for the other run to have ended."""
+        waited = 0.0
+        while not _done(self.directory, 1 - self.side).exists():
+            ready, _, _ = select.select([self._mine], [], [], WAIT_S)
+            if ready:
+                os.read(self._mine, 1)
+                return
+            waited += WAIT_S
+            if waited > TURN_TIMEOUT_S:
+                raise TimeoutError(
+                    f"lockstep: the other run held the turn for {TURN_TIMEOUT_S:.0f} s"
+                )
+
+    def give(self) -> None:
+        os.write(self._theirs, b"t")
+
+    @contextmanager
+    def step(self, world: Any) -> Iterator[None]:
+        """Run the block while holding the turn: rank 0 takes it, the ranks line up, and
+        rank 0 gives it back once every rank has finished the block."""
+        if world.rank == 0:
+            self.take()
+        world.barrier()
+        try:
+            yield
+        finally:
+            world.barrier()
+            if world.rank == 0:
+                self.give()
+
+
+_TURNS: dict[str, Turns] = {}
+
+
+def turns_from_env() -> Turns | None:
+    """This run's turns where ``TURNS_ENV`` names them (one per process), else None."""
+    value = os.environ.get(TURNS_ENV)
+    if not value:
+        return None
+    if value not in _TURNS:
+        directory, _, side = value.rpartition(":")
+        _TURNS[value] = Turns(Path(directory), int(side))
+    return _TURNS[value]
+
+
+@contextmanager
+def step(world: Any) -> Iterator[None]:
+    """One step of a benchmark: in lockstep with the other run where there is one."""
+    turns = turns_from_env()
+    if turns is None:
+        yield
+        return
+    with turns.step(world):
+        yield
+
+
+def run_in_lockstep(
+    commands: tuple[list[str], list[str]],
+    envs: tuple[dict[str, str], dict[str, str]],
+    directory: Path,
+    cwd: Path,
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """Run the two commands together, the first taking the first turn; each one's outcome
+    with its output. A run that exits marks itself done, so the other never waits on it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for side in (0, 1):
+        _done(directory, side).unlink(missing_ok=True)
+        _pipe(directory, side).unlink(missing_ok=True)
+        os.mkfifo(_pipe(directory, side))
+    held = [os.open(_pipe(directory, side), os.O_RDWR) for side in (0, 1)]
+    try:
+        os.write(held[0], b"t")
+        logs = [directory / f"output-{side}.txt" for side in (0, 1)]
+        processes = []
+        for side in (0, 1):
+            with logs[side].open("w") as log:
+                processes.append(
+                    subprocess.Popen(
+                        commands[side],
+                        cwd=cwd,
+                        env={**envs[side], TURNS_ENV: f"{directory}:{side}"},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+        running = {0, 1}
+        while running:
+            for side in sorted(running):
+                if processes[side].poll() is not None:
+                    _done(directory, side).touch()
+                    running.discard(side)
+            time.sleep(0.2)
+        return tuple(  # type: ignore[return-value]
+            subprocess.CompletedProcess(
+                commands[side], processes[side].returncode, logs[side].read_text(), ""
+            )
+            for side in (0, 1)
+        )
+    finally:
+        for fd in held:
+            os.close(fd)
