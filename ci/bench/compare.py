@@ -26,10 +26,9 @@ from ci.bench.stats import REGRESSION, Comparison, compare
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# Pairs of runs: about 15 minutes on a 2-core machine (a pair of runs of the default
-# benchmarks takes about 95 s), enough that a 10% slowdown of most benchmarks of 1 ms or more
-# is caught (ci/bench/sample-report/README.md).
-RUNS = 9
+# Pairs of runs: about 14 minutes on a 2-core machine, where a pair of runs of the default
+# benchmarks takes 95-110 s (ci/bench/sample-report/README.md).
+RUNS = 8
 
 
 RunsOf = dict[str, dict[str, list[tuple[float, ...]]]]  # build -> benchmark -> runs' rounds
