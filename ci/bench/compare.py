@@ -1,11 +1,11 @@
-"""Compare two torch builds' state-dict benchmarks on one machine, runs interleaved.
+"""Compare two torch builds' state-dict benchmarks on one machine, runs in lockstep.
 
     python -m ci.bench.compare --baseline-python A/bin/python --candidate-python B/bin/python \\
-        [--runs 10] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+        [--runs 8] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
 
-Each python is an environment with a torch build and this suite installed. After a
-warm-up run of each, the runs alternate A B B A A B ..., so drift in the machine's speed
-falls on both builds. Writes
+Each python is an environment with a torch build and this suite installed. The builds run
+in pairs of runs, the two runs of a pair in lockstep (``ci.bench.lockstep``), so a slow
+moment of the machine falls on both builds. Writes
 ``raw/`` (pytest-benchmark JSON per run), a PNG per benchmark, ``report.md`` and
 ``report.html``, times and peak memory side by side; exits 1 when a benchmark's ratio
 interval lies above the threshold or its peak memory grew by ``--memory-threshold`` (default
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--runs", type=int, default=RUNS, help=f"runs per build, at least 2 (default {RUNS})"
+        "--runs", type=int, default=RUNS, help=f"pairs of runs, at least 2 (default {RUNS})"
     )
     parser.add_argument(
         "--warmup-runs", type=int, default=0, help="unrecorded pairs of runs first (default 0)"
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for the benchmarks")
     args = parser.parse_args(argv)
     if args.runs < 2:
-        parser.error("--runs: at least 2 runs per build (a spread needs two)")
+        parser.error("--runs: at least 2 pairs of runs (a spread needs two)")
     baseline = Build("baseline", args.baseline_python, env_pairs(args.baseline_env))
     candidate = Build("candidate", args.candidate_python, env_pairs(args.candidate_env))
     out: Path = args.out.resolve()

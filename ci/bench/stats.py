@@ -20,7 +20,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Two-sided. With the threshold also to pass, the 60 default benchmarks in each of three
+# Two-sided. With the threshold also to pass, the 58 default benchmarks in each of three
 # comparisons of a build with itself should flag none.
 CONFIDENCE = 0.998
 POWER = 0.8  # the minimum detectable effect is the slowdown caught this often
