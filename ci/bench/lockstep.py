@@ -2,7 +2,7 @@
 is followed by the same step of the other, so that a slow moment of the machine falls on
 both builds' rounds alike and their ratio cancels it.
 
-The two runs are two pytest processes started together (``run_benchmarks_in_lockstep``).
+The two runs are two pytest processes started together (``run_in_lockstep``).
 They pass one turn between them through two named pipes in a directory they share: rank 0 of
 a run's world takes the turn before a step and gives it to the other run after it, while the
 other run's ranks sleep (``Turns.step``). A run that has ended gives up its turns for good: the
