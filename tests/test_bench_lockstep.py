@@ -7,7 +7,9 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
-from ci.bench.lockstep import run_in_lockstep
+import pytest
+
+from ci.bench.lockstep import TURNS_ENV, run_in_lockstep, step
 
 # A run of STEPS steps, each logged with its start and end; rank 0 of a one-rank world.
 RUN = """
@@ -66,3 +68,24 @@ def test_a_run_that_ends_first_leaves_the_other_to_go_on_alone(tmp_path: Path) -
     first, second = _run(tmp_path, (2, 7))
     assert [index for index, _, _ in first] == [0, 1]
     assert [index for index, _, _ in second] == list(range(7))
+
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+def test_only_rank_0_holds_the_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank other than 0 lines up with its world and never opens the pipes, which here do
+    not exist; rank 0 opens them and fails to."""
+    monkeypatch.setenv(TURNS_ENV, f"{tmp_path / 'absent'}:0")
+    other = _Rank(1)
+    with step(other):
+        pass
+    assert other.barriers == 2
+    with pytest.raises(FileNotFoundError), step(_Rank(0)):
+        pass

@@ -5,7 +5,7 @@ both builds' rounds alike and their ratio cancels it.
 The two runs are two pytest processes started together (``run_in_lockstep``).
 They pass one turn between them through two named pipes in a directory they share: rank 0 of
 a run's world takes the turn before a step and gives it to the other run after it, while the
-other run's ranks sleep (``Turns.step``). A run that has ended gives up its turns for good: the
+other run's ranks sleep (``step``). A run that has ended gives up its turns for good: the
 controller marks it done, and the other run goes on alone.
 """
 
@@ -34,7 +34,7 @@ def _done(directory: Path, side: int) -> Path:
 
 
 class Turns:
-    """One run's side of the turn: ``step`` holds it for one step on rank 0."""
+    """One run's side of the turn, held by rank 0 of its world (``step``)."""
 
     def __init__(self, directory: Path, side: int) -> None:
         if side not in (0, 1):
@@ -63,29 +63,12 @@ class Turns:
     def give(self) -> None:
         os.write(self._theirs, b"t")
 
-    @contextmanager
-    def step(self, world: Any) -> Iterator[None]:
-        """Run the block while holding the turn: rank 0 takes it, the ranks line up, and
-        rank 0 gives it back once every rank has finished the block."""
-        if world.rank == 0:
-            self.take()
-        world.barrier()
-        try:
-            yield
-        finally:
-            world.barrier()
-            if world.rank == 0:
-                self.give()
-
 
 _TURNS: dict[str, Turns] = {}
 
 
-def turns_from_env() -> Turns | None:
-    """This run's turns where ``TURNS_ENV`` names them (one per process), else None."""
-    value = os.environ.get(TURNS_ENV)
-    if not value:
-        return None
+def _turns(value: str) -> Turns:
+    """The turns that ``TURNS_ENV``'s value names, opened once per process."""
     if value not in _TURNS:
         directory, _, side = value.rpartition(":")
         _TURNS[value] = Turns(Path(directory), int(side))
@@ -94,13 +77,23 @@ def turns_from_env() -> Turns | None:
 
 @contextmanager
 def step(world: Any) -> Iterator[None]:
-    """One step of a benchmark: in lockstep with the other run where there is one."""
-    turns = turns_from_env()
-    if turns is None:
+    """One step of a benchmark, in lockstep with the other run where ``TURNS_ENV`` names
+    one: rank 0 takes the turn, the ranks line up, and rank 0 gives it back once every rank
+    has finished the block. The other ranks never open the pipes."""
+    value = os.environ.get(TURNS_ENV)
+    if not value:
         yield
         return
-    with turns.step(world):
+    turns = _turns(value) if world.rank == 0 else None
+    if turns is not None:
+        turns.take()
+    world.barrier()
+    try:
         yield
+    finally:
+        world.barrier()
+        if turns is not None:
+            turns.give()
 
 
 def run_in_lockstep(
