@@ -3,6 +3,10 @@ time, and the merged report equals one run's; so does a run of jobs side by side
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -16,6 +20,7 @@ from harness.machine import MachineSignature
 from tests.test_gate import gate_on_inner_suite, inner_suite
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
 
 IDS = [
     "conformance/checks/test_a.py::t[w1]",
@@ -114,6 +119,81 @@ def test_each_run_is_run_whole_by_the_one_job_that_claims_it_first(tmp_path: Pat
     assert all(ran)
     for _, members in order:
         assert set(members) <= set(ran[0]) or set(members) <= set(ran[1])
+
+
+# A module of three heavy ids, cut into three runs for two jobs, and a light module after it;
+# each module's fixture logs its set-up and teardown.
+CUT_MODULE = """
+import pytest
+
+@pytest.fixture(scope="module")
+def module_state():
+    with open("log", "a") as log:
+        log.write("set up {name}\\n")
+    yield
+    with open("log", "a") as log:
+        log.write("tear down {name}\\n")
+
+@pytest.mark.parametrize("case", {cases})
+def test_t(module_state, case):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("taken", "ran", "log"),
+    [
+        ((1, 2), ["a", "n"], ["set up m", "tear down m", "set up n", "tear down n"]),
+        ((1,), ["a", "c", "n"], ["set up m", "tear down m"] * 2 + ["set up n", "tear down n"]),
+    ],
+)
+def test_a_job_tears_down_a_run_whose_next_ids_another_job_claimed(
+    tmp_path: Path, taken: tuple[int, ...], ran: list[str], log: list[str]
+) -> None:
+    """A job that runs a run of module M's ids, then finds M's next runs claimed, tears M
+    down before the next test it runs (pytest would keep M for the next id in order, and
+    the job's next test, of another module, would error: "previous item was not torn down
+    properly")."""
+    (tmp_path / "test_m.py").write_text(
+        CUT_MODULE.format(name="m", cases='["w2-a", "w2-b", "w2-c"]')
+    )
+    (tmp_path / "test_n.py").write_text(CUT_MODULE.format(name="n", cases='["w2-n"]'))
+    weights = tmp_path / "durations.json"
+    weights.write_text(json.dumps({"test_m.py::test_t[w2]": 10.0, "test_n.py::test_t[w2]": 1.0}))
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    for piece in taken:  # the runs another job claimed first
+        (claims / f"test_m[w2]#{piece}").touch()
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "ci.gate.shard",
+            "-p",
+            "no:cacheprovider",
+            f"--gate-claims={claims}",
+            "--gate-claim-jobs=2",
+            f"--gate-shard-durations={weights}",
+            "-rA",
+            "test_m.py",
+            "test_n.py",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    passed = sorted(
+        line.rsplit("-", 1)[1].rstrip("]")
+        for line in output.splitlines()
+        if line.startswith("PASSED ")
+    )
+    assert passed == ran, output
+    assert (tmp_path / "log").read_text().splitlines() == log
 
 
 @pytest.mark.parametrize("text", ["0/2", "3/2", "2", "a/b"])

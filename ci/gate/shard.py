@@ -22,6 +22,7 @@ differs from the recording.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -112,11 +113,21 @@ def claim_order(
 
 class Claims:
     """The groups this job runs: a group is claimed when its first test is due, by creating
-    its file in the directory the jobs share; the job that creates it runs the group."""
+    its file in the directory the jobs share; the job that creates it runs the group.
 
-    def __init__(self, directory: Path, claim_of: dict[str, Claim]) -> None:
+    ``teardown_to`` maps each test that ends a run, where the next test in order may share
+    collectors that this job's next test does not, to the test its teardown is handed
+    instead (``run_ends``)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        claim_of: dict[str, Claim],
+        teardown_to: dict[str, pytest.Item] | None = None,
+    ) -> None:
         self.directory = directory
         self.claim_of = claim_of
+        self.teardown_to = teardown_to or {}
         self.decided: dict[Claim, bool] = {}
 
     def ours(self, nodeid: str) -> bool:
@@ -132,6 +143,47 @@ class Claims:
         except FileExistsError:
             return False
         return True
+
+
+def run_ends(items: list[pytest.Item], claim_of: dict[str, Claim]) -> dict[str, pytest.Item]:
+    """For each test that ends a run of ``items`` (in claim order), where needed, the later
+    test to hand its teardown instead of the next one in order.
+
+    pytest tears a test down to the collectors it shares with the next test (its module, a
+    class), and sets the following test up on what is left. A job skips the runs other jobs
+    claimed, so the test it runs after a run's end may not be the next one in order: a run
+    of module M's ids, then one of M's that another job claimed, then module N's, would leave
+    M set up under N's first test. The teardown is handed the first later test that shares
+    with the ending test no more than every later test shares with each other, so what it
+    keeps suits whichever test the job runs next."""
+    chains: list[Sequence[object]] = [item.listchain() for item in items]
+    shared_after = [0] * len(items)  # how many collectors every test after the i-th shares
+    common = chains[-1] if chains else []
+    for index in range(len(items) - 2, -1, -1):
+        common = common[: _shared(common, chains[index + 1])]
+        shared_after[index] = len(common)
+    ends: dict[str, pytest.Item] = {}
+    for index, item in enumerate(items[:-1]):
+        if claim_of[item.nodeid] == claim_of[items[index + 1].nodeid]:
+            continue
+        if _shared(chains[index], chains[index + 1]) <= shared_after[index]:
+            continue
+        ends[item.nodeid] = next(
+            items[later]
+            for later in range(index + 2, len(items))
+            if _shared(chains[index], chains[later]) <= shared_after[index]
+        )
+    return ends
+
+
+def _shared(first: Sequence[object], second: Sequence[object]) -> int:
+    """How many collectors two chains share from the session down."""
+    count = 0
+    for a, b in zip(first, second, strict=False):
+        if a is not b:
+            break
+        count += 1
+    return count
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -178,14 +230,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         position = {nodeid: index for index, (_, members) in enumerate(order) for nodeid in members}
         items.sort(key=lambda item: position[item.nodeid])
         claim_of = {nodeid: claim for claim, members in order for nodeid in members}
-        config.stash[CLAIMS] = Claims(Path(claims), claim_of)
+        config.stash[CLAIMS] = Claims(Path(claims), claim_of, run_ends(items, claim_of))
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item) -> bool | None:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """A test of a run another job claimed is left to it: no phase runs, nothing is
-    reported here."""
+    reported here. A test that ends a run is torn down as ``run_ends`` says."""
     claims = item.config.stash.get(CLAIMS, None)
-    if claims is None or claims.ours(item.nodeid):
+    if claims is None:
         return None
+    if not claims.ours(item.nodeid):
+        return True
+    teardown_to = claims.teardown_to.get(item.nodeid, nextitem)
+    if teardown_to is nextitem:
+        return None
+    item.ihook.pytest_runtest_protocol(item=item, nextitem=teardown_to)
     return True
