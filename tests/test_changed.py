@@ -13,7 +13,7 @@ import pytest
 from ci.gate import changed, cli
 from ci.gate.coverage import TIER_RELEASE, map_path
 from ci.gate.coverage import map as coverage_map
-from ci.gate.tier import quick_tier_ids
+from ci.gate.tier import tier_ids
 from harness.coverage import torch_root
 
 A = "conformance/checks/test_a.py::t[w2-ddp]"
@@ -182,7 +182,7 @@ def test_a_patched_copy_of_a_checkpoint_file_runs_the_ids_that_execute_it(tmp_pa
     executors = coverage_map.load(map_path(TIER_RELEASE)).ids_executing(path)
     assert executors
     assert tier == "changed"
-    assert chosen == sorted(executors | set(quick_tier_ids()))
+    assert chosen == sorted(executors | set(tier_ids("quick")))
 
 
 def test_the_gate_runs_the_chosen_ids_in_place_of_the_suite(tmp_path) -> None:

@@ -1,5 +1,5 @@
-"""The quick tier: computed from the mutation report and the recorded durations, fresh
-against the suite and the catalogue, and run by the gate and the mutation runner."""
+"""The tiers: computed from the coverage map, the mutation report and the recorded durations,
+fresh against the suite and the catalogue, and run by the gate and the mutation runner."""
 
 from __future__ import annotations
 
@@ -29,16 +29,21 @@ CHECK_FAMILIES = {
 
 
 @pytest.mark.slow
-def test_the_committed_quick_tier_is_fresh() -> None:
-    assert tier.QUICK_TIER.read_text() == tier.fresh_text(tier.collected_ids()), (
-        "ci/gate/quick-tier.txt is stale: python -m ci.gate.tier"
-    )
+def test_the_committed_tiers_are_fresh() -> None:
+    for name, text in tier.fresh_texts(tier.collected_ids()).items():
+        assert tier.TIER_FILES[name].read_text() == text, (
+            f"{tier.TIER_FILES[name]} is stale: python -m ci.gate.tier"
+        )
+
+
+def test_the_families_tier_holds_the_quick_tier() -> None:
+    assert set(tier.tier_ids("quick")) <= set(tier.tier_ids("families"))
 
 
 def test_the_tier_holds_a_killer_of_every_mutant_of_the_catalogue() -> None:
     """A mutant the report lacks (added since the last mutation run) has no killer to keep."""
     killers = tier.killers_of(tier.MUTATION_REPORT)
-    quick = set(tier.quick_tier_ids())
+    quick = set(tier.tier_ids("quick"))
     for name, mutant in catalogue().items():
         if mutant.equivalent:
             continue
@@ -133,6 +138,32 @@ def test_an_arc_the_tier_already_executes_adds_no_id_of_its_pair() -> None:
     assert "conformance/checks/test_b.py::again[w2-ddp]" not in chosen  # (other, ddp) has t[w2]
 
 
+def test_the_families_tier_executes_each_pairs_arcs_within_the_pair_by_no_dear_id() -> None:
+    """``again`` executes, for (other, ddp), an arc the quick tier executes only outside that
+    pair; ``dear`` alone executes another there, and costs more than the cap."""
+    again = "conformance/checks/test_b.py::again[w2-ddp]"
+    dear = "conformance/checks/test_b.py::dear[w2-ddp]"
+    executed = {**EXECUTED, again: {3}, dear: {5}}
+    inputs = tier.Inputs(
+        ids=[*_ids(), again, dear],
+        killers={},
+        durations={
+            **DURATIONS,
+            "conformance/checks/test_b.py::again[w2]": 1.0,
+            "conformance/checks/test_b.py::dear[w2]": tier.PAIR_COVER_CAP_S + 1,
+        },
+        cell_families=FAMILIES,
+        check_families=CHECK_FAMILIES,
+        executed=Executed({k: frozenset(v) for k, v in executed.items()}, weights=(1,) * 7),
+    )
+    quick = tier.select(inputs)
+    assert again not in quick
+    assert dear not in quick
+    families, left = tier.select_families(inputs, quick)
+    assert sorted(set(families) - set(quick)) == [again]
+    assert left == 1  # arc 5 in (other, ddp)
+
+
 def test_a_module_of_no_family_of_checks_is_named() -> None:
     inputs = _inputs({})
     inputs.ids.append("conformance/checks/test_orphan.py::t[w2]")
@@ -170,19 +201,22 @@ def test_the_gate_takes_the_tier_after_the_separator(args, expected) -> None:
     assert cli.option_among("--tier", args) == expected
 
 
-def _gate_args(*pytest_args: str, sizes: str = "1,2") -> argparse.Namespace:
-    return cli._parser().parse_args(["--tier", "quick", "--world-sizes", sizes, "--", *pytest_args])
+def _gate_args(*pytest_args: str, sizes: str = "1,2", name: str = "quick") -> argparse.Namespace:
+    return cli._parser().parse_args(["--tier", name, "--world-sizes", sizes, "--", *pytest_args])
 
 
-def test_the_quick_gate_runs_the_tiers_ids_at_its_world_sizes(tmp_path) -> None:
-    command = cli.pytest_command(_gate_args("-x"), tmp_path)
+@pytest.mark.parametrize("name", ["quick", "families"])
+def test_a_tier_runs_its_ids_at_the_gates_world_sizes(tmp_path, name) -> None:
+    command = cli.pytest_command(_gate_args("-x", name=name), tmp_path)
     tests = [arg for arg in command if arg.startswith("conformance/")]
-    expected = [i for i in tier.quick_tier_ids() if world_size_of(i) in (1, 2)]
+    expected = [i for i in tier.tier_ids(name) if world_size_of(i) in (1, 2)]
     assert tests == expected
     assert "conformance" not in command
-    assert any("[w4-" in nodeid for nodeid in tier.quick_tier_ids())
+    assert any("[w4-" in nodeid for nodeid in tier.tier_ids(name))
     assert "-x" in command
-    named = cli.pytest_command(_gate_args("conformance/checks/test_peak_memory.py"), tmp_path)
+    named = cli.pytest_command(
+        _gate_args("conformance/checks/test_peak_memory.py", name=name), tmp_path
+    )
     picked = [arg for arg in named if arg.startswith("conformance/")]
     assert picked
     assert all(arg.startswith("conformance/checks/test_peak_memory.py::") for arg in picked)
@@ -191,13 +225,13 @@ def test_the_quick_gate_runs_the_tiers_ids_at_its_world_sizes(tmp_path) -> None:
 def test_the_gate_refuses_an_unknown_tier_after_the_separator(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--", "--tier", "fast"])
-    assert "--tier must be one of whole, quick, not 'fast'" in capsys.readouterr().err
+    assert "--tier must be one of whole, quick, families, not 'fast'" in capsys.readouterr().err
 
 
 def test_a_mutant_runs_the_tier_its_own_modules_first() -> None:
     mutant = catalogue()["gather_ignores_ranks_only"]
     ids = quick_tier_for(mutant, "2,4")
-    assert sorted(ids) == sorted(i for i in tier.quick_tier_ids() if world_size_of(i) != 1)
+    assert sorted(ids) == sorted(i for i in tier.tier_ids("quick") if world_size_of(i) != 1)
     own = [i for i in ids if i.startswith(mutant.tests)]
     assert own
     assert ids[: len(own)] == own

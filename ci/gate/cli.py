@@ -27,10 +27,10 @@ from ci.gate.report_files import PLOTS, PLOTS_DIR_ENV, write_reports
 from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
 from ci.gate.target import SUITE_ROOT
-from ci.gate.tier import quick_tier_ids
+from ci.gate.tier import TIER_FILES, tier_ids
 
 MANIFEST_ENV = "GATE_MANIFEST"
-CHOSEN_TIERS = ("whole", "quick")  # --changed-against reports its own
+CHOSEN_TIERS = ("whole", *TIER_FILES)  # --changed-against reports its own
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +74,10 @@ def _parser() -> argparse.ArgumentParser:
         choices=CHOSEN_TIERS,
         default="whole",
         help="whole: every test id; quick: the per-commit subset (ci/gate/quick-tier.txt, made "
-        "by python -m ci.gate.tier), which kills every mutant; also taken after -- ",
+        "by python -m ci.gate.tier), which kills every mutant and executes every arc the whole "
+        "gate executes; families: a superset for pull requests (ci/gate/families-tier.txt), "
+        "which executes them within each pair of a family of checks and of cells; also taken "
+        "after -- ",
     )
     parser.add_argument(
         "--changed-against",
@@ -134,11 +137,11 @@ def pytest_command(
     tests = named or ["conformance"]
     if args.selected is not None:  # --changed-against chose these ids
         tests = args.selected
-    elif args.tier == "quick":  # the tier's ids at these sizes, of the named paths if any
+    elif args.tier in TIER_FILES:  # the tier's ids at these sizes, of the named paths if any
         sizes = {int(size) for size in args.world_sizes.split(",")}
         tests = [
             nodeid
-            for nodeid in quick_tier_ids()
+            for nodeid in tier_ids(args.tier)
             if world_size_of(nodeid) in sizes and (not named or nodeid.startswith(tuple(named)))
         ]
     options = [arg for arg in extra if arg not in named]
@@ -212,7 +215,7 @@ def changed_selection(base: str, world_sizes: str, out: Path) -> tuple[list[str]
         base, changed.tree_of(base, out / "base"), changed.tree_of_directory(torch_root())
     )
     sizes = {int(size) for size in world_sizes.split(",")}
-    quick = [nodeid for nodeid in quick_tier_ids() if world_size_of(nodeid) in sizes]
+    quick = [nodeid for nodeid in tier_ids("quick") if world_size_of(nodeid) in sizes]
     for path in changed.save(selection, out, len(quick)):
         print(f"gate: wrote {path}")
     if selection.whole_gate_because:

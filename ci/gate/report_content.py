@@ -52,6 +52,8 @@ class ReportContent:
 TIERS = {
     "whole": "whole: every test id",
     "quick": "quick: the per-commit subset of ci/gate/quick-tier.txt (every mutant killed)",
+    "families": "families: the subset of ci/gate/families-tier.txt (every arc within each pair "
+    "of families)",
     "changed": "changed: the ids that execute what the build changed, and the quick tier "
     "(changed.md)",
     "changed-whole": "changed: every test id, for what the build changed (changed.md)",

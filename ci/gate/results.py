@@ -125,7 +125,7 @@ class GateResults:
     # Ids not collected because their cell does not exist at their world size, counted by
     # parallelism, then world size.
     not_applicable: dict[str, dict[int, int]] = field(default_factory=dict)
-    tier: str = "whole"  # which ids the gate ran: "whole", or "quick" (ci/gate/quick-tier.txt)
+    tier: str = "whole"  # which ids the gate ran: "whole", a tier of ci.gate.tier, or "changed"
 
     @property
     def failures(self) -> list[TestResult]:

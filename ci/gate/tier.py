@@ -1,18 +1,26 @@
-"""``python -m ci.gate.tier``: the quick tier, the gate's subset for every commit.
+"""``python -m ci.gate.tier``: the gate's tiers, subsets of its ids chosen by what they execute.
 
-The tier is computed, never chosen by hand. Its inputs: the ids the suite collects at world
+A tier is computed, never chosen by hand. Its inputs: the ids the suite collects at world
 sizes 1, 2 and 4; the coverage map of the tier's release (``ci/gate/coverage-maps/``, made
 by ``python -m ci.gate.coverage``), which says what each id executes of torch's state-dict
 and checkpoint code; the mutation report (``ci/mutation/sample-report/mutation.json``); and
-the recorded mean durations (``ci/gate/mean-durations.json``). The tier keeps every mutant's
-killing test, then adds ids until it executes every arc (line and branch) that the whole
-gate executes, greedily by arcs per recorded second. Last it keeps the cheapest test of every
-check module, of every cell, and of every pair of a family of checks
-(``conformance.checks.FAMILIES``) and a family of cells that it still lacks. Written to
-``ci/gate/quick-tier.txt``; ``tests/test_quick_tier.py`` fails when that file is stale.
+the recorded mean durations (``ci/gate/mean-durations.json``).
 
-    python -m ci.gate.tier            # rewrite ci/gate/quick-tier.txt
-    python -m ci.gate.tier --check    # exit 1 if it is stale
+- ``quick`` (``ci/gate/quick-tier.txt``), for every commit: every mutant's killing test,
+  then ids until it executes every arc (line and branch) that the whole gate executes,
+  greedily by arcs per recorded second; last the cheapest test of every check module, of
+  every cell, and of every pair of a family of checks (``conformance.checks.FAMILIES``) and a
+  family of cells that it still lacks.
+- ``families`` (``ci/gate/families-tier.txt``), for pull requests: the quick tier, then, for
+  every such pair, ids of the pair until the pair's ids in the tier execute every arc that
+  the pair's ids in the whole gate execute (a line a TP check executes is executed by a TP
+  check of the tier). An id dearer than ``PAIR_COVER_CAP_S`` is never added for its pair:
+  the arcs only such ids execute within their pair are counted in the file's header.
+
+``tests/test_quick_tier.py`` fails when a tier's file is stale.
+
+    python -m ci.gate.tier            # rewrite both files
+    python -m ci.gate.tier --check    # exit 1 if either is stale
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from ci.gate.coverage import TIER_RELEASE, map_path
 from ci.gate.coverage.cover import Executed, cover
@@ -32,7 +42,12 @@ from ci.gate.durations import MEANS, weight_key
 from ci.gate.node_ids import module_of, parallelisms_of, world_size_of
 from ci.gate.target import SUITE_ROOT
 
-QUICK_TIER = Path(__file__).parent / "quick-tier.txt"
+Tier = Literal["quick", "families"]
+TIER_FILES: dict[Tier, Path] = {
+    "quick": Path(__file__).parent / "quick-tier.txt",
+    "families": Path(__file__).parent / "families-tier.txt",
+}
+PAIR_COVER_CAP_S = 60.0  # dearer ids (the 200-save runs) stay out of their pair's cover
 MUTATION_REPORT = SUITE_ROOT / "ci" / "mutation" / "sample-report" / "mutation.json"
 WORLD_SIZES = "1,2,4"
 UNKNOWN_DURATION_S = 5.0  # a test the recorded durations lack: neither cheap nor dear
@@ -89,12 +104,7 @@ def select(inputs: Inputs) -> list[str]:
             + ", ".join(f"{mutant} ({nodeid})" for mutant, nodeid in sorted(lost.items()))
         )
     chosen = set(inputs.killers.values())
-    pairs: dict[tuple[str, str], list[str]] = {}
-    for nodeid in inputs.ids:
-        pairs.setdefault(pair_of(nodeid, inputs), []).append(nodeid)
-
-    def price(nodeid: str) -> float:
-        return cost(nodeid, inputs.durations)
+    price = partial(cost, durations=inputs.durations)
 
     chosen.update(cover(inputs.ids, inputs.executed, chosen, price))  # every arc of the gate
     ranked = sorted(inputs.ids, key=lambda nodeid: (price(nodeid), world_size_of(nodeid), nodeid))
@@ -109,9 +119,36 @@ def select(inputs: Inputs) -> list[str]:
         keep_one(_in_module(module))
     for cell in sorted(inputs.cell_families):
         keep_one(_of_cell(cell))
-    for _, members in sorted(pairs.items()):
+    for _, members in sorted(_pairs(inputs).items()):
         keep_one(set(members).__contains__)
     return sorted(chosen)
+
+
+def _pairs(inputs: Inputs) -> dict[tuple[str, str], list[str]]:
+    """The ids of each (family of checks, family of cells) pair."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for nodeid in inputs.ids:
+        pairs.setdefault(pair_of(nodeid, inputs), []).append(nodeid)
+    return pairs
+
+
+def select_families(inputs: Inputs, quick: list[str]) -> tuple[list[str], int]:
+    """The families tier: ``quick``, then for every (checks, cells) pair a cover of every arc
+    the pair's ids execute by ids of the pair, none dearer than ``PAIR_COVER_CAP_S``. Returns
+    the tier and the arcs its pairs leave to ids that dear."""
+    chosen = set(quick)
+    left = 0
+    price = partial(cost, durations=inputs.durations)
+    for _, members in sorted(_pairs(inputs).items()):
+        affordable = [
+            nodeid for nodeid in members if price(nodeid) <= PAIR_COVER_CAP_S or nodeid in chosen
+        ]
+        chosen.update(cover(affordable, inputs.executed, chosen, price))
+        unexecuted = inputs.executed.of_ids(members) - inputs.executed.of_ids(
+            chosen.intersection(members)
+        )
+        left += inputs.executed.weight(unexecuted)
+    return sorted(chosen), left
 
 
 def killers_of(report: Path) -> dict[str, str]:
@@ -141,25 +178,42 @@ def collected_ids() -> list[str]:
     return [line for line in completed.stdout.splitlines() if "::" in line]
 
 
-def tier_text(chosen: list[str], durations: Mapping[str, float], of: int, release: str) -> str:
+def tier_text(
+    tier: Tier,
+    chosen: list[str],
+    durations: Mapping[str, float],
+    of: int,
+    release: str,
+    left: int | None = None,
+) -> str:
+    """A tier's file; ``left``: the arcs a families tier leaves to dear ids."""
     estimate = sum(cost(nodeid, durations) for nodeid in chosen)
     header = (
-        f"# The quick tier: {len(chosen)} of the {of} ids the suite collects at world sizes "
+        f"# The {tier} tier: {len(chosen)} of the {of} ids the suite collects at world sizes "
         f"{WORLD_SIZES}, about {estimate / 60:.1f} min of recorded test time.\n"
+    )
+    if left is not None:
+        header += (
+            "# Within each pair of families it executes every arc the pair's ids execute, but "
+            f"{left}\n# (summed over pairs) that only ids dearer than {PAIR_COVER_CAP_S:.0f} s "
+            "execute there.\n"
+        )
+    header += (
         f"# Generated by python -m ci.gate.tier from torch {release}'s coverage map, the\n"
         "# mutation report and the recorded durations; do not edit. python -m ci.gate --tier\n"
-        "# quick runs it.\n"
+        f"# {tier} runs it.\n"
     )
     return header + "".join(f"{nodeid}\n" for nodeid in chosen)
 
 
-def quick_tier_ids(path: Path = QUICK_TIER) -> list[str]:
-    """The ids of a tier file."""
-    return [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+def tier_ids(tier: Tier = "quick") -> list[str]:
+    """The ids of a tier's committed file."""
+    text = TIER_FILES[tier].read_text()
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
-def fresh_text(ids: list[str]) -> str:
-    """What ``quick-tier.txt`` holds for the suite's ``ids`` and the committed inputs."""
+def fresh_texts(ids: list[str]) -> dict[Tier, str]:
+    """What each tier's file holds for the suite's ``ids`` and the committed inputs."""
     from conformance.cells import families
     from conformance.checks import FAMILIES
 
@@ -173,21 +227,30 @@ def fresh_text(ids: list[str]) -> str:
         check_families=FAMILIES,
         executed=Executed.of(coverage),
     )
-    return tier_text(select(inputs), durations, len(ids), TIER_RELEASE)
+    quick = select(inputs)
+    wider, left = select_families(inputs, quick)
+    return {
+        "quick": tier_text("quick", quick, durations, len(ids), TIER_RELEASE),
+        "families": tier_text("families", wider, durations, len(ids), TIER_RELEASE, left),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.gate.tier", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
-    text = fresh_text(collected_ids())
-    if args.check:
-        stale = not QUICK_TIER.exists() or QUICK_TIER.read_text() != text
-        print(f"tier: {QUICK_TIER} is {'stale' if stale else 'fresh'}")
-        return 1 if stale else 0
-    QUICK_TIER.write_text(text)
-    print(f"tier: wrote {QUICK_TIER}: {text.splitlines()[0].removeprefix('# ')}")
-    return 0
+    texts = fresh_texts(collected_ids())
+    stale = False
+    for tier, text in texts.items():
+        path = TIER_FILES[tier]
+        if args.check:
+            differs = not path.exists() or path.read_text() != text
+            stale |= differs
+            print(f"tier: {path} is {'stale' if differs else 'fresh'}")
+        else:
+            path.write_text(text)
+            print(f"tier: wrote {path}: {text.splitlines()[0].removeprefix('# ')}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from ci.gate.node_ids import world_size_of
-from ci.gate.tier import quick_tier_ids
+from ci.gate.tier import tier_ids
 from ci.mutation import report
 from ci.mutation.mutants import Mutant, catalogue, missing_target
 from ci.mutation.run import MUTANT_CRASHED, RunResult, RunSettings, run_tests
@@ -69,7 +69,7 @@ def chosen(names: str) -> list[Mutant]:
 def quick_tier_for(mutant: Mutant, world_sizes: str) -> list[str]:
     """The quick tier's ids at ``world_sizes``, those of the mutant's own tests first."""
     sizes = {int(size) for size in world_sizes.split(",")}
-    tier = [nodeid for nodeid in quick_tier_ids() if world_size_of(nodeid) in sizes]
+    tier = [nodeid for nodeid in tier_ids("quick") if world_size_of(nodeid) in sizes]
     own = [nodeid for nodeid in tier if nodeid.startswith(mutant.tests)]
     return own + [nodeid for nodeid in tier if nodeid not in own]
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mutant.name}: {outcome.status} {outcome.killed_by or ''}", flush=True)
         outcomes.append(outcome)
     verify_killers(outcomes, settings, args.out)
-    quick = set(quick_tier_ids())
+    quick = set(tier_ids("quick"))
     for outcome in outcomes:
         if outcome.killed_by:
             outcome.in_quick_tier = outcome.killed_by in quick
