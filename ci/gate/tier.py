@@ -206,7 +206,7 @@ def tier_text(
     return header + "".join(f"{nodeid}\n" for nodeid in chosen)
 
 
-def tier_ids(tier: Tier = "quick") -> list[str]:
+def tier_ids(tier: Tier) -> list[str]:
     """The ids of a tier's committed file."""
     text = TIER_FILES[tier].read_text()
     return [line for line in text.splitlines() if line and not line.startswith("#")]
