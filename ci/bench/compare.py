@@ -22,7 +22,7 @@ from pathlib import Path
 from ci.bench import report as bench_report
 from ci.bench.memory_stats import PeakComparison, compare_peaks
 from ci.bench.runs import Build, env_pairs, read_peaks, read_timings, run_pair
-from ci.bench.stats import REGRESSION, Comparison, compare
+from ci.bench.stats import REGRESSION, compare_all
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
@@ -110,15 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     if unmatched or not runs_of["baseline"]:
         print(f"bench_compare: {_unmatched_message(runs_of, unmatched)}", file=sys.stderr)
         return NOTHING_COMPARED_EXIT
-    comparisons: list[Comparison] = [
-        compare(
-            name,
-            tuple(runs_of["baseline"][name]),
-            tuple(runs_of["candidate"][name]),
-            args.threshold,
-        )
-        for name in runs_of["baseline"]
-    ]
+    prior, comparisons = compare_all(
+        {name: tuple(runs) for name, runs in runs_of["baseline"].items()},
+        {name: tuple(runs) for name, runs in runs_of["candidate"].items()},
+        args.threshold,
+    )
     peaks: list[PeakComparison] = [
         compare_peaks(
             name,
@@ -140,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs,
         args.threshold,
         args.memory_threshold,
+        prior,
     )
     (out / "report.md").write_text(bench_report.markdown(comparisons, peaks, builds, plots))
     (out / "report.html").write_text(bench_report.html(comparisons, peaks, builds, plots))

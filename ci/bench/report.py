@@ -3,11 +3,13 @@ times and of peak memory."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
 from ci.bench.memory_stats import PeakComparison, ranks_resolution
+from ci.bench.shared_noise import Prior
 from ci.bench.stats import CONFIDENCE, POWER, REGRESSION, UNCHANGED, Comparison
 
 
@@ -20,6 +22,7 @@ class Builds:
     runs: int
     threshold: float
     memory_threshold: float
+    prior: Prior  # the spread of pairs' log ratios the benchmarks share
 
 
 def plot(comparison: Comparison, path: Path) -> None:
@@ -111,7 +114,8 @@ def _method(builds: Builds) -> str:
         f"runs, each pair in lockstep (each round of one build next to the same round of the "
         f"other); a pair's ratio is the geometric mean of its rounds' ratios (candidate / "
         f"baseline); ratio = geometric mean of the pairs' ratios; interval = {CONFIDENCE:.1%} "
-        f"paired t interval on their logs; noise = spread of the pairs' log ratios; "
+        f"paired t interval on their logs; noise = spread of the pairs' log ratios, drawn "
+        f"toward the spread the benchmarks share ({_shared(builds.prior)}); "
         f"MDE = the slowdown flagged with {POWER:.0%} probability at this noise; a regression "
         f"when the ratio is at least {builds.threshold} and the interval lies above 1. Peak "
         f"memory: one measurement per run on the rank that held the most, over its baseline "
@@ -120,6 +124,13 @@ def _method(builds: Builds) -> str:
         f"{builds.memory_threshold} and every candidate run is above every baseline run by more "
         f"than the probe's resolution ({ranks_resolution() // 1024} KiB on this machine)."
     )
+
+
+def _shared(prior: Prior) -> str:
+    if prior.df == 0:
+        return "none: too few benchmarks"
+    weight = "as if known" if math.isinf(prior.df) else f"worth {prior.df:.1f} degrees of freedom"
+    return f"{math.sqrt(prior.variance):.1%}, {weight}"
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:

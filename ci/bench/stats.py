@@ -10,15 +10,22 @@ its processes' luck (memory layout, where the ranks ran), pairs do not.
 Of the summaries tried on the same runs (the ratio of the runs' medians, of their fastest
 rounds, of their means, the median of the rounds' ratios), the mean of the rounds' log
 ratios varied least from pair to pair (``ci/bench/sample-report/README.md``).
+
+``compare_all`` judges a comparison's benchmarks together: each one's variance of pairs'
+log ratios is drawn toward the variance they share (``ci.bench.shared_noise``), which
+gives its interval more degrees of freedom than its own pairs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+
+from ci.bench.shared_noise import NO_PRIOR, Prior, prior_of
 
 # Two-sided. With the threshold also to pass, the 58 default benchmarks in each of three
 # comparisons of a build with itself should flag none.
@@ -38,7 +45,7 @@ class Interval:
     low: float
     high: float
     log_se: float  # standard error of the log ratio
-    df: float  # degrees of freedom: pairs less one
+    df: float  # degrees of freedom: pairs less one, and the prior's
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Comparison:
     high: float
     verdict: str
     mde: float  # the slowdown (0.1 = 10%) flagged with probability POWER
-    noise: float  # spread of the pairs' log ratios
+    noise: float  # spread of the pairs' log ratios, drawn toward the shared spread
 
     @property
     def baseline_time(self) -> float:
@@ -94,10 +101,8 @@ def t_quantile(p: float, df: float) -> float:
     return x + sum(term / df ** (power + 1) for power, term in enumerate(terms))
 
 
-def ratio_interval(baseline: Runs, candidate: Runs) -> Interval:
-    """The ratio of the builds' times (candidate / baseline: the geometric mean of the
-    pairs' ratios) and its paired t interval at ``CONFIDENCE``; run ``i`` of each side form
-    pair ``i``."""
+def paired(baseline: Runs, candidate: Runs) -> np.ndarray:
+    """The pairs' log ratios, once the runs are seen to come in pairs of timed runs."""
     if len(baseline) != len(candidate):
         raise ValueError(
             f"runs come in pairs: {len(baseline)} of the baseline, {len(candidate)} of the "
@@ -105,9 +110,16 @@ def ratio_interval(baseline: Runs, candidate: Runs) -> Interval:
         )
     if len(baseline) < 2 or not all(baseline) or not all(candidate):
         raise ValueError("both sides need at least two runs of at least one timing")
-    pairs = pair_log_ratios(baseline, candidate)
-    df = float(pairs.size - 1)
-    log_se = float(pairs.std(ddof=1) / math.sqrt(pairs.size))
+    return pair_log_ratios(baseline, candidate)
+
+
+def ratio_interval(baseline: Runs, candidate: Runs, prior: Prior = NO_PRIOR) -> Interval:
+    """The ratio of the builds' times (candidate / baseline: the geometric mean of the
+    pairs' ratios) and its paired t interval at ``CONFIDENCE``; run ``i`` of each side form
+    pair ``i``. The pairs' variance is drawn toward ``prior``'s."""
+    pairs = paired(baseline, candidate)
+    variance, df = prior.moderated(float(pairs.var(ddof=1)), float(pairs.size - 1))
+    log_se = math.sqrt(variance / pairs.size)
     half = t_quantile(1 - (1 - CONFIDENCE) / 2, df) * log_se
     diff = float(pairs.mean())
     return Interval(math.exp(diff), math.exp(diff - half), math.exp(diff + half), log_se, df)
@@ -121,13 +133,15 @@ def minimum_detectable_effect(interval: Interval, threshold: float) -> float:
     return math.exp(needed + t_quantile(POWER, interval.df) * interval.log_se) - 1
 
 
-def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Comparison:
+def compare(
+    name: str, baseline: Runs, candidate: Runs, threshold: float, prior: Prior = NO_PRIOR
+) -> Comparison:
     """One benchmark's verdict: a regression when the candidate is slower by at least
     ``threshold`` (e.g. 1.05) and the interval lies wholly above 1, an improvement likewise
     below; else unchanged, which means no change larger than the minimum detectable effect."""
     if threshold < 1:
         raise ValueError(f"the threshold is a slowdown ratio of at least 1, got {threshold}")
-    interval = ratio_interval(baseline, candidate)
+    interval = ratio_interval(baseline, candidate, prior)
     verdict = UNCHANGED
     if interval.low > 1 and interval.ratio >= threshold:
         verdict = REGRESSION
@@ -145,3 +159,22 @@ def compare(name: str, baseline: Runs, candidate: Runs, threshold: float) -> Com
         minimum_detectable_effect(interval, threshold),
         noise,
     )
+
+
+def compare_all(
+    baseline: Mapping[str, Runs], candidate: Mapping[str, Runs], threshold: float
+) -> tuple[Prior, list[Comparison]]:
+    """Every benchmark's verdict, each one's noise drawn toward what the benchmarks share
+    (``ci.bench.shared_noise``), and that prior; both sides name the same benchmarks, with
+    as many pairs."""
+    if set(baseline) != set(candidate):
+        raise ValueError(f"benchmarks of one side only: {sorted(set(baseline) ^ set(candidate))}")
+    pairs = {name: paired(baseline[name], candidate[name]) for name in baseline}
+    counts = {values.size for values in pairs.values()}
+    if len(counts) > 1:
+        raise ValueError(f"benchmarks ran in different numbers of pairs: {sorted(counts)}")
+    df = float(counts.pop() - 1) if counts else 0.0
+    prior = prior_of([float(values.var(ddof=1)) for values in pairs.values()], df)
+    return prior, [
+        compare(name, baseline[name], candidate[name], threshold, prior) for name in baseline
+    ]
