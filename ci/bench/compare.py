@@ -26,8 +26,8 @@ from ci.bench.stats import REGRESSION, compare_all
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# Pairs of runs: about 14 minutes on a 2-core machine, where a pair of runs of the default
-# benchmarks takes 95-110 s (ci/bench/sample-report/README.md).
+# Pairs of runs: 14 to 15.5 minutes on a 2-core machine, where a pair of runs of the default
+# benchmarks takes 105-117 s (ci/bench/sample-report/README.md).
 RUNS = 8
 
 
