@@ -220,6 +220,7 @@ def with_regressions(
 def busy_until(deadline: float) -> None:
     """Spin until ``time.perf_counter()`` reaches ``deadline``: a slower function is busier,
     and a sleep is not exact (one of 0.1 ms took 0.19 ms here, so a call of 1 ms became
-    about 20% slower, not 10%)."""
+    about 20% slower, not 10%). Like a slower Python call it holds the GIL meanwhile: an
+    async save's write, which is not timed, waits for it."""
     while time.perf_counter() < deadline:
         pass

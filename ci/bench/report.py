@@ -127,10 +127,14 @@ def _method(builds: Builds) -> str:
 
 
 def _shared(prior: Prior) -> str:
+    """The shared spread as the report's method states it."""
     if prior.df == 0:
         return "none: too few benchmarks"
-    weight = "as if known" if math.isinf(prior.df) else f"worth {prior.df:.1f} degrees of freedom"
-    return f"{math.sqrt(prior.variance):.1%}, {weight}"
+    if math.isinf(prior.df):
+        return (
+            f"{math.sqrt(prior.variance):.1%}, pooled, on {prior.pooled_df:.0f} degrees of freedom"
+        )
+    return f"{math.sqrt(prior.variance):.1%}, worth {prior.df:.1f} degrees of freedom"
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:

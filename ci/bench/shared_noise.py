@@ -10,8 +10,10 @@ differential expression in microarray experiments", the moderated t statistic of
 The prior is a scaled inverse chi-square law of the benchmarks' variances: ``variance``,
 what they share, and ``df``, how many degrees of freedom of evidence it is worth. Both come
 from the mean and the spread of the logs of the benchmarks' variances. Benchmarks whose
-variances differ more than seven degrees of freedom explain give a small ``df``, and little
-is drawn; alike ones a large ``df``, up to one pooled variance.
+variances differ more than their own degrees of freedom explain give a small ``df``, and
+little is drawn; alike ones a large ``df``, up to their pooled variance. As in limma, a
+benchmark's degrees of freedom with the prior never exceed all the benchmarks' together, and
+a variance far below the others' counts as 1e-5 of their median.
 """
 
 from __future__ import annotations
@@ -23,45 +25,49 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_BENCHMARKS = 3  # fewer spreads say nothing of their law: no prior
-_SHIFT = 6.0  # the series below are accurate to 1e-10 from here on up
+SMALLEST_VARIANCE = 1e-5  # of the median: the floor of a variance, so that its log is finite
+_SHIFT = 6.0  # the series below are accurate to about 4e-10 from here on up
 
 
 @dataclass(frozen=True)
 class Prior:
-    """The variance a comparison's benchmarks share, and its degrees of freedom (0: none,
-    infinite: every benchmark has it)."""
+    """The variance a comparison's benchmarks share, its degrees of freedom (0: none,
+    infinite: every benchmark has it), and the degrees of freedom of all the benchmarks'
+    variances together, which no benchmark's exceed."""
 
     variance: float
     df: float
+    pooled_df: float = math.inf
 
     def moderated(self, variance: float, df: float) -> tuple[float, float]:
         """A benchmark's ``variance`` on ``df`` degrees of freedom, drawn toward the prior:
         the posterior variance, and its degrees of freedom."""
         if math.isinf(self.df):
-            return self.variance, math.inf
+            return self.variance, self.pooled_df
         weight = self.df + df
-        return (self.df * self.variance + df * variance) / weight, weight
+        return (self.df * self.variance + df * variance) / weight, min(weight, self.pooled_df)
 
 
 NO_PRIOR = Prior(variance=0.0, df=0.0)
 
 
 def prior_of(variances: Sequence[float], df: float) -> Prior:
-    """The prior of benchmarks' ``variances``, each on ``df`` degrees of freedom; none where
-    fewer than ``MIN_BENCHMARKS`` are above zero."""
-    positive = np.array([value for value in variances if value > 0], dtype=float)
-    if positive.size < MIN_BENCHMARKS or df <= 0:
+    """The prior of benchmarks' ``variances``, each on ``df`` degrees of freedom; none for
+    fewer than ``MIN_BENCHMARKS`` or a median variance of zero."""
+    values = np.array(variances, dtype=float)
+    if values.size < MIN_BENCHMARKS or df <= 0 or float(np.median(values)) <= 0:
         return NO_PRIOR
+    values = np.maximum(values, SMALLEST_VARIANCE * float(np.median(values)))
+    pooled_df = df * values.size
     # log s^2 = log sigma^2 + log(chi2_d / d): remove that term's mean, then its variance.
-    corrected = np.log(positive) - digamma(df / 2) + math.log(df / 2)
+    corrected = np.log(values) - digamma(df / 2) + math.log(df / 2)
     mean = float(corrected.mean())
     spread = float(corrected.var(ddof=1)) - trigamma(df / 2)
-    if spread <= 0:  # no more spread than sampling alone gives: one shared variance
-        return Prior(variance=math.exp(mean), df=math.inf)
+    if spread <= 0:  # no more spread than sampling alone gives: one pooled variance
+        return Prior(variance=float(values.mean()), df=math.inf, pooled_df=pooled_df)
     prior_df = 2 * trigamma_inverse(spread)
-    return Prior(
-        variance=math.exp(mean + digamma(prior_df / 2) - math.log(prior_df / 2)), df=prior_df
-    )
+    variance = math.exp(mean + digamma(prior_df / 2) - math.log(prior_df / 2))
+    return Prior(variance=variance, df=prior_df, pooled_df=pooled_df)
 
 
 def digamma(x: float) -> float:
@@ -99,7 +105,7 @@ def tetragamma(x: float) -> float:
 
 def trigamma_inverse(y: float) -> float:
     """The ``x`` with ``trigamma(x) == y``, for ``y > 0``: Newton's method from Smyth's
-    starting point, which converges from below without overshooting."""
+    starting point, above the root, from which every step goes down to it."""
     if y > 1e7:
         return 1 / math.sqrt(y)
     if y < 1e-6:
