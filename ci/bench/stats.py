@@ -117,7 +117,11 @@ def ratio_interval(baseline: Runs, candidate: Runs, prior: Prior = NO_PRIOR) -> 
     """The ratio of the builds' times (candidate / baseline: the geometric mean of the
     pairs' ratios) and its paired t interval at ``CONFIDENCE``; run ``i`` of each side form
     pair ``i``. The pairs' variance is drawn toward ``prior``'s."""
-    pairs = paired(baseline, candidate)
+    return _interval_of(paired(baseline, candidate), prior)
+
+
+def _interval_of(pairs: np.ndarray, prior: Prior) -> Interval:
+    """``ratio_interval`` of the pairs' log ratios."""
     variance, df = prior.moderated(float(pairs.var(ddof=1)), float(pairs.size - 1))
     log_se = math.sqrt(variance / pairs.size)
     half = t_quantile(1 - (1 - CONFIDENCE) / 2, df) * log_se
@@ -139,9 +143,15 @@ def compare(
     """One benchmark's verdict: a regression when the candidate is slower by at least
     ``threshold`` (e.g. 1.05) and the interval lies wholly above 1, an improvement likewise
     below; else unchanged, which means no change larger than the minimum detectable effect."""
+    return _judged(name, baseline, candidate, threshold, ratio_interval(baseline, candidate, prior))
+
+
+def _judged(
+    name: str, baseline: Runs, candidate: Runs, threshold: float, interval: Interval
+) -> Comparison:
+    """``compare``'s verdict on the benchmark's ``interval``."""
     if threshold < 1:
         raise ValueError(f"the threshold is a slowdown ratio of at least 1, got {threshold}")
-    interval = ratio_interval(baseline, candidate, prior)
     verdict = UNCHANGED
     if interval.low > 1 and interval.ratio >= threshold:
         verdict = REGRESSION
@@ -176,5 +186,6 @@ def compare_all(
     df = float(counts.pop() - 1) if counts else 0.0
     prior = prior_of([float(values.var(ddof=1)) for values in pairs.values()], df)
     return prior, [
-        compare(name, baseline[name], candidate[name], threshold, prior) for name in baseline
+        _judged(name, baseline[name], candidate[name], threshold, _interval_of(ratios, prior))
+        for name, ratios in pairs.items()
     ]
