@@ -26,6 +26,13 @@ def test_an_id_of_no_world_runs_at_size_one_and_has_no_parameters() -> None:
     assert node_ids.function_of(PLAIN_ID) == PLAIN_ID
 
 
+def test_ids_are_kept_at_the_gates_world_sizes_in_their_order() -> None:
+    two = "conformance/checks/test_x.py::test_y[w2-ddp]"
+    ids = [WORLD_ID, PLAIN_ID, two]
+    assert node_ids.at_world_sizes(ids, "1,2") == [PLAIN_ID, two]
+    assert node_ids.at_world_sizes(ids, "4") == [WORLD_ID]
+
+
 @pytest.mark.parametrize(
     ("nodeid", "size"),
     [("a.py::t[w12-x]", 12), ("a.py::t[x-w2]", None), ("a.py::t[w2]", 2), ("a.py::t[2]", None)],

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ci.gate.durations import MEANS, RECORDED
 from ci.gate.jobs import auto_jobs, parse_jobs, run_jobs
-from ci.gate.node_ids import path_of, world_size_of
+from ci.gate.node_ids import at_world_sizes, path_of
 from ci.gate.report_files import PLOTS, PLOTS_DIR_ENV, write_reports
 from ci.gate.results import NO_RESULTS_EXIT, GateResults
 from ci.gate.shard import parse_shard
@@ -138,11 +138,10 @@ def pytest_command(
     if args.selected is not None:  # --changed-against chose these ids
         tests = args.selected
     elif args.tier in TIER_FILES:  # the tier's ids at these sizes, of the named paths if any
-        sizes = {int(size) for size in args.world_sizes.split(",")}
         tests = [
             nodeid
-            for nodeid in tier_ids(args.tier)
-            if world_size_of(nodeid) in sizes and (not named or nodeid.startswith(tuple(named)))
+            for nodeid in at_world_sizes(tier_ids(args.tier), args.world_sizes)
+            if not named or nodeid.startswith(tuple(named))
         ]
     options = [arg for arg in extra if arg not in named]
     command = [sys.executable, "-m", "pytest", *tests]
@@ -214,16 +213,13 @@ def changed_selection(base: str, world_sizes: str, out: Path) -> tuple[list[str]
     selection = changed.select(
         base, changed.tree_of(base, out / "base"), changed.tree_of_directory(torch_root())
     )
-    sizes = {int(size) for size in world_sizes.split(",")}
-    quick = [nodeid for nodeid in tier_ids("quick") if world_size_of(nodeid) in sizes]
+    quick = at_world_sizes(tier_ids("quick"), world_sizes)
     for path in changed.save(selection, out, len(quick)):
         print(f"gate: wrote {path}")
     if selection.whole_gate_because:
         print("gate: every id runs: " + "; ".join(selection.whole_gate_because))
         return None, "changed-whole"
-    chosen = sorted(
-        {nodeid for nodeid in selection.ids if world_size_of(nodeid) in sizes} | set(quick)
-    )
+    chosen = sorted({*at_world_sizes(selection.ids, world_sizes), *quick})
     print(f"gate: {len(chosen)} ids run: those that execute a changed file, and the quick tier")
     return chosen, "changed"
 

@@ -50,3 +50,9 @@ def world_size_in(nodeid: str) -> int | None:
 def world_size_of(nodeid: str) -> int:
     """The world size an id runs at: the one it names, 1 for a test of no world."""
     return world_size_in(nodeid) or 1
+
+
+def at_world_sizes(nodeids: Iterable[str], world_sizes: str) -> list[str]:
+    """The ids that run at one of ``world_sizes`` (as the gate takes them: ``"1,2,4"``)."""
+    sizes = {int(size) for size in world_sizes.split(",")}
+    return [nodeid for nodeid in nodeids if world_size_of(nodeid) in sizes]

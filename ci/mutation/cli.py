@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ci.gate.node_ids import world_size_of
+from ci.gate.node_ids import at_world_sizes
 from ci.gate.tier import tier_ids
 from ci.mutation import report
 from ci.mutation.mutants import Mutant, catalogue, missing_target
@@ -68,8 +68,7 @@ def chosen(names: str) -> list[Mutant]:
 
 def quick_tier_for(mutant: Mutant, world_sizes: str) -> list[str]:
     """The quick tier's ids at ``world_sizes``, those of the mutant's own tests first."""
-    sizes = {int(size) for size in world_sizes.split(",")}
-    tier = [nodeid for nodeid in tier_ids("quick") if world_size_of(nodeid) in sizes]
+    tier = at_world_sizes(tier_ids("quick"), world_sizes)
     own = [nodeid for nodeid in tier if nodeid.startswith(mutant.tests)]
     return own + [nodeid for nodeid in tier if nodeid not in own]
 
