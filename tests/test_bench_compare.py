@@ -16,6 +16,7 @@ from ci.bench.cases import BenchCase, cases
 from ci.bench.memory_stats import compare_peaks, ranks_resolution
 from ci.bench.ops import with_regressions, writer_of
 from ci.bench.replay_clock import ReplayClock
+from ci.bench.runs import read_timings
 from ci.bench.stats import (
     CONFIDENCE,
     IMPROVEMENT,
@@ -242,7 +243,9 @@ def test_peaks_within_the_resolution_print_no_ratio() -> None:
 def test_an_injected_slowdown_and_memory_regression_are_flagged(tmp_path: Path) -> None:
     """A candidate whose every timed torch function sleeps nine times its own duration (a 10x
     slowdown) and holds 4 MiB more: a copy and a gather are each flagged slower and each
-    flagged for memory, in one comparison of runs in lockstep.
+    flagged for memory, in one comparison of runs in lockstep. The two runs of a pair time as
+    many rounds as the one that wants more: the slowed copy's rounds reach the 10 ms budget
+    long before the baseline's 64, and it times as many as the baseline all the same.
 
     Runs of a 0.08 ms copy are noisy (10-25% between runs). Five pairs give the paired
     interval 4 degrees of freedom (a 99.8% t quantile of 7.2), so its half-width reaches
@@ -251,7 +254,7 @@ def test_an_injected_slowdown_and_memory_regression_are_flagged(tmp_path: Path) 
     output, returncode = _compare(
         "--runs", "5", "--warmup-runs", "0", "--out", str(out),
         "--candidate-env", "GATE_BENCH_SLOWDOWN=9.0", "--candidate-env", "GATE_BENCH_EXTRA_MIB=4",
-        "--", "--bench-sizes-mib", "2", "--bench-rounds", "6", "--bench-seconds", "0",
+        "--", "--bench-sizes-mib", "2", "--bench-rounds", "6", "--bench-seconds", "0.01",
         "-k", "copy-2MiB or gather-2MiB",
     )  # fmt: skip
     assert returncode == 1, output
@@ -260,7 +263,13 @@ def test_an_injected_slowdown_and_memory_regression_are_flagged(tmp_path: Path) 
     assert len(benchmarks) == 2
     for benchmark in benchmarks.values():
         assert benchmark["extra_info"]["world_size"] == 2
-        assert benchmark["stats"]["rounds"] == 6
+    for pair in range(5):
+        baseline_rounds, _ = read_timings(out / "raw" / f"baseline-{pair}.json")
+        candidate_rounds, _ = read_timings(out / "raw" / f"candidate-{pair}.json")
+        for name, rounds in candidate_rounds.items():
+            assert 6 <= len(rounds) == len(baseline_rounds[name]), (pair, name)
+        copy = candidate_rounds[next(name for name in candidate_rounds if "copy" in name)]
+        assert _rounds_within(copy, budget_s=0.01, at_least=6) < len(copy), (pair, copy)
     baseline = json.loads((out / "raw" / "baseline-0.json").read_text())
     gather = next(b for b in baseline["benchmarks"] if "gather-2MiB" in b["name"])
     assert gather["extra_info"]["peak_host_bytes"] >= 2 * MIB - ranks_resolution()
@@ -272,6 +281,15 @@ def test_an_injected_slowdown_and_memory_regression_are_flagged(tmp_path: Path) 
         assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")
         assert f'<img src="{name}.png"' in (out / "report.html").read_text()
     assert report.count("| REGRESSION |") == 4
+
+
+def _rounds_within(seconds: list[float], budget_s: float, at_least: int) -> int:
+    """How many of these rounds a run alone would have timed: at least ``at_least``, then
+    until they add up to ``budget_s``."""
+    for count in range(at_least, len(seconds) + 1):
+        if sum(seconds[:count]) >= budget_s:
+            return count
+    return len(seconds)
 
 
 def _compare(*args: str) -> tuple[str, int]:

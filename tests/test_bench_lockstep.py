@@ -1,5 +1,5 @@
-"""Two runs in lockstep take strict turns, step by step, and a run that ends early never
-keeps the other waiting."""
+"""Two runs in lockstep take strict turns, step by step, time as many rounds of a case as the
+run that wants more, and a run that ends early never keeps the other waiting."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.bench.lockstep import TURNS_ENV, run_in_lockstep, step
+from ci.bench.lockstep import TURNS_ENV, run_in_lockstep, step, timed_rounds
 
 # A run of STEPS steps, each logged with its start and end; rank 0 of a one-rank world.
 RUN = """
@@ -18,25 +18,44 @@ from ci.bench.lockstep import step
 
 class OneRank:
     rank = 0
+    size = 1
     def barrier(self):
         pass
+
+def logged(index):
+    start = time.monotonic()
+    time.sleep(0.02)
+    with open(log, "a") as out:
+        out.write(f"{index} {start} {time.monotonic()}\\n")
 
 log, steps = sys.argv[1], int(sys.argv[2])
 for index in range(steps):
     with step(OneRank()):
-        start = time.monotonic()
-        time.sleep(0.02)
-        with open(log, "a") as out:
-            out.write(f"{index} {start} {time.monotonic()}\\n")
+        logged(index)
 """
 
+# A case's set-up step, then rounds while fewer than ROUNDS are timed, then one more step.
+RUN_ROUNDS = RUN.replace(
+    "for index in range(steps):",
+    """with step(OneRank()):
+    logged(-1)
+timed = []
+for _ in timed_rounds(OneRank(), lambda: len(timed) < steps):
+    timed.append(len(timed))
+    logged(len(timed) - 1)
+for index in (len(timed),):""",
+).replace("import step", "import step, timed_rounds")
 
-def _run(tmp_path: Path, steps: tuple[int, int]) -> list[list[tuple[int, float, float]]]:
-    script = tmp_path / "run.py"
-    script.write_text(RUN)
+
+def _run(
+    tmp_path: Path, steps: tuple[int, int], runs: tuple[str, str] = (RUN, RUN)
+) -> list[list[tuple[int, float, float]]]:
+    scripts = [tmp_path / f"run-{side}.py" for side in (0, 1)]
+    for script, run in zip(scripts, runs, strict=True):
+        script.write_text(run)
     logs = [tmp_path / f"log-{side}" for side in (0, 1)]
     commands = tuple(
-        [sys.executable, str(script), str(logs[side]), str(steps[side])] for side in (0, 1)
+        [sys.executable, str(scripts[side]), str(logs[side]), str(steps[side])] for side in (0, 1)
     )
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     completed = run_in_lockstep(commands, (env, env), tmp_path / "turns", tmp_path)  # type: ignore[arg-type]
@@ -68,6 +87,52 @@ def test_a_run_that_ends_first_leaves_the_other_to_go_on_alone(tmp_path: Path) -
     first, second = _run(tmp_path, (2, 7))
     assert [index for index, _, _ in first] == [0, 1]
     assert [index for index, _, _ in second] == list(range(7))
+
+
+def _sides_in_time(
+    first: list[tuple[int, float, float]], second: list[tuple[int, float, float]]
+) -> list[tuple[int, int]]:
+    """The two runs' steps in the order they ran, as (side, index), checked not to overlap."""
+    merged = sorted(
+        [(start, end, 0, index) for index, start, end in first]
+        + [(start, end, 1, index) for index, start, end in second]
+    )
+    for (_, end, _, _), (start, _, _, _) in pairwise(merged):
+        assert end <= start
+    return [(side, index) for _, _, side, index in merged]
+
+
+@pytest.mark.parametrize("wanted", [(3, 6), (6, 3), (4, 4)])
+def test_both_runs_time_as_many_rounds_as_the_one_that_wants_more(
+    tmp_path: Path, wanted: tuple[int, int]
+) -> None:
+    """Round r of one run stays next to round r of the other, and the step after the
+    rounds too, whichever side wants more."""
+    first, second = _run(tmp_path, wanted, (RUN_ROUNDS, RUN_ROUNDS))
+    most = max(wanted)
+    assert _sides_in_time(first, second) == [
+        (side, index) for index in range(-1, most + 1) for side in (0, 1)
+    ]
+
+
+@pytest.mark.parametrize("rounds_side", [0, 1])
+def test_rounds_go_by_their_own_wish_once_the_other_run_has_ended(
+    tmp_path: Path, rounds_side: int
+) -> None:
+    """The other run ends after one step: the run with rounds times the 5 it wants."""
+    runs = (RUN_ROUNDS, RUN) if rounds_side == 0 else (RUN, RUN_ROUNDS)
+    steps = (5, 1) if rounds_side == 0 else (1, 5)
+    logged = _run(tmp_path, steps, runs)
+    assert [index for index, _, _ in logged[rounds_side]] == [-1, 0, 1, 2, 3, 4, 5]
+    assert [index for index, _, _ in logged[1 - rounds_side]] == [0]
+
+
+def test_outside_lockstep_rounds_go_while_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TURNS_ENV, raising=False)
+    timed: list[int] = []
+    for _ in timed_rounds(_Rank(0), lambda: len(timed) < 5):
+        timed.append(len(timed))
+    assert timed == [0, 1, 2, 3, 4]
 
 
 class _Rank:

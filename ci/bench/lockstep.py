@@ -7,6 +7,11 @@ They pass one turn between them through two named pipes in a directory they shar
 a run's world takes the turn before a step and gives it to the other run after it, while the
 other run's ranks sleep (``step``). A run that has ended gives up its turns for good: the
 controller marks it done, and the other run goes on alone.
+
+A case's timed rounds (``timed_rounds``) go on until the runs have enough of them, and a slower
+build would have enough sooner. So the turn byte also carries the decision to stop: both runs
+time as many rounds as the one that wants more, and round ``r`` of one build stays next to
+round ``r`` of the other to the end of the run.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import select
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,10 @@ from typing import Any
 TURNS_ENV = "GATE_BENCH_TURNS"  # DIRECTORY:SIDE, SIDE 0 or 1: the run takes turns there
 WAIT_S = 1.0  # how often a waiting run looks whether the other has ended
 TURN_TIMEOUT_S = 1800.0  # a turn not given back within this means the other run is stuck
+
+# What a turn's byte says. Side 0 decides whether both runs time another round of a case
+# (ROUND or STOP); side 1 follows, and tells whether it wants another (MORE or ENOUGH).
+TURN, ROUND, STOP, MORE, ENOUGH = b"t", b"r", b"s", b"m", b"e"
 
 
 def _pipe(directory: Path, side: int) -> Path:
@@ -46,22 +55,39 @@ class Turns:
         self._mine = os.open(_pipe(directory, side), os.O_RDWR)
         self._theirs = os.open(_pipe(directory, 1 - side), os.O_RDWR)
 
-    def take(self) -> None:
-        """Wait for the turn, or for the other run to have ended."""
+    def take(self) -> bytes | None:
+        """Wait for the turn and return the other run's byte, or None once the other run has
+        ended."""
         waited = 0.0
         while not _done(self.directory, 1 - self.side).exists():
             ready, _, _ = select.select([self._mine], [], [], WAIT_S)
             if ready:
-                os.read(self._mine, 1)
-                return
+                return os.read(self._mine, 1)
             waited += WAIT_S
             if waited > TURN_TIMEOUT_S:
                 raise TimeoutError(
                     f"lockstep: the other run held the turn for {TURN_TIMEOUT_S:.0f} s"
                 )
+        return None
 
-    def give(self) -> None:
-        os.write(self._theirs, b"t")
+    def give(self, word: bytes = TURN) -> None:
+        os.write(self._theirs, word)
+
+    def another_round(self, wanted: bool, heard: bytes | None) -> bool:
+        """Whether both runs time another round: side 0 wants one or heard side 1 want one;
+        side 1 does what side 0 did. A run alone, or one whose byte says neither (the runs'
+        steps went apart), goes by its own wish."""
+        if self.side == 0:
+            return wanted or heard == MORE
+        if heard in (ROUND, STOP):
+            return heard == ROUND
+        return wanted
+
+    def after_round(self, timed: bool, wanted: bool) -> bytes:
+        """The byte that ends a round's turn: side 0's decision, side 1's wish."""
+        if self.side == 0:
+            return ROUND if timed else STOP
+        return MORE if wanted else ENOUGH
 
 
 _TURNS: dict[str, Turns] = {}
@@ -94,6 +120,42 @@ def step(world: Any) -> Iterator[None]:
         world.barrier()
         if turns is not None:
             turns.give()
+
+
+def timed_rounds(world: Any, wanted: Callable[[], bool]) -> Iterator[None]:
+    """Yield once per timed round of a case, for as long as ``wanted()``; in lockstep one
+    step per round, for as long as either run wants another (``Turns.another_round``). Every
+    rank must iterate it alike, and ``wanted`` be alike on every rank; rank 0 decides and
+    tells the others."""
+    value = os.environ.get(TURNS_ENV)
+    if not value:
+        while wanted():
+            yield
+        return
+    turns = _turns(value) if world.rank == 0 else None
+    while True:
+        timed = turns.another_round(wanted(), turns.take()) if turns is not None else False
+        timed = _rank_0_says(world, timed)
+        try:
+            if timed:
+                yield
+        finally:
+            world.barrier()
+            if turns is not None:
+                turns.give(turns.after_round(timed, wanted()))
+        if not timed:
+            return
+
+
+def _rank_0_says(world: Any, decision: bool) -> bool:
+    """Rank 0's ``decision``, on every rank; it also lines the ranks up behind rank 0."""
+    if world.size == 1:
+        return decision
+    import torch.distributed as dist
+
+    said = [decision]
+    dist.broadcast_object_list(said, src=0, device=world.device)
+    return bool(said[0])
 
 
 def run_in_lockstep(

@@ -7,7 +7,8 @@ over its own baseline (``harness.memory``; the largest rank's, host and device, 
 benchmark's ``extra_info`` as ``peak_host_bytes`` and ``peak_device_bytes``).
 pytest-benchmark records the ranks' timings through a replay clock, so ``--benchmark-json``
 holds them with its usual statistics. Under ``ci.bench.compare`` each of those steps (the
-set-up, each round) takes turns with the other build's run (``ci.bench.lockstep``).
+set-up, each round) takes turns with the other build's run (``ci.bench.lockstep``), and
+both runs time as many rounds of a case as the one that wants more.
 
     python -m pytest ci/bench/benchmarks --benchmark-json=bench.json [--bench-sizes-mib 4,32]
 """
@@ -30,10 +31,10 @@ MOST_ROUNDS = 64
 
 def measure(world: Any, case: BenchCase, rounds: int, budget_s: float, workdir: str) -> None:
     """Runs on every rank: time ``case`` for ``rounds`` rounds, and more while they add up to
-    less than ``budget_s`` (every rank sees the same slowest-rank times, so all agree when to
-    stop), then measure its peak memory; rank 0 hands back the slowest rank's seconds and the
-    largest rank's peak."""
-    from ci.bench.lockstep import step
+    less than ``budget_s`` (in lockstep, as many as the other build's run wants too), then
+    measure its peak memory; rank 0 hands back the slowest rank's seconds and the largest
+    rank's peak."""
+    from ci.bench.lockstep import step, timed_rounds
     from ci.bench.ops import prepare
     from ci.bench.world_timing import peak_max_over_ranks, time_max_over_ranks
 
@@ -42,9 +43,12 @@ def measure(world: Any, case: BenchCase, rounds: int, budget_s: float, workdir: 
     with step(world):
         time_max_over_ranks(world, operation.run, operation.finish)  # warm-up: caches, lazy init
     seconds: list[float] = []
-    while len(seconds) < rounds or (sum(seconds) < budget_s and len(seconds) < MOST_ROUNDS):
-        with step(world):
-            seconds.append(time_max_over_ranks(world, operation.run, operation.finish))
+
+    def wanted() -> bool:
+        return len(seconds) < rounds or (sum(seconds) < budget_s and len(seconds) < MOST_ROUNDS)
+
+    for _ in timed_rounds(world, wanted):
+        seconds.append(time_max_over_ranks(world, operation.run, operation.finish))
     with step(world):
         host, device = peak_max_over_ranks(world, operation.run, operation.finish)
     write_timings(world, {"seconds": seconds, "peak_host_bytes": host, "peak_device_bytes": device})
