@@ -1,7 +1,7 @@
 """Compare two torch builds' state-dict benchmarks on one machine, runs in lockstep.
 
     python -m ci.bench.compare --baseline-python A/bin/python --candidate-python B/bin/python \\
-        [--runs 8] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
+        [--runs 5] [--threshold 1.05] [--out bench-compare] [-- BENCHMARK PYTEST ARGS]
 
 Each python is an environment with a torch build and this suite installed. The builds run
 in pairs of runs, the two runs of a pair in lockstep (``ci.bench.lockstep``), so a slow
@@ -26,9 +26,9 @@ from ci.bench.stats import REGRESSION, compare_all
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# Pairs of runs: 14 to 15.5 minutes on a 2-core machine, where a pair of runs of the default
-# benchmarks takes 105-117 s (ci/bench/sample-report/README.md).
-RUNS = 8
+# Pairs of runs: a pair of runs of the default benchmarks takes about 2 to 2.7 minutes on a
+# 2-core machine, and 5 pairs flag most 10% slowdowns (ci/bench/sample-report/README.md).
+RUNS = 5
 
 
 RunsOf = dict[str, dict[str, list[tuple[float, ...]]]]  # build -> benchmark -> runs' rounds
