@@ -9,12 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from ci.bench.lockstep import TURNS_ENV, run_in_lockstep, step, timed_rounds
+from ci.bench.lockstep import (
+    ENOUGH,
+    MORE,
+    ROUND,
+    STOP,
+    TURN,
+    TURNS_ENV,
+    another_round,
+    run_in_lockstep,
+    step,
+    timed_rounds,
+    word_after_round,
+)
 
-# A run of STEPS steps, each logged with its start and end; rank 0 of a one-rank world.
-RUN = """
-import sys, time
-from ci.bench.lockstep import step
+# Rank 0 of a one-rank world that logs each step it takes with its start and end.
+ONE_RANK = """
+import os, sys, time
+from ci.bench.lockstep import step, timed_rounds
 
 class OneRank:
     rank = 0
@@ -25,37 +37,52 @@ class OneRank:
 def logged(index):
     start = time.monotonic()
     time.sleep(0.02)
-    with open(log, "a") as out:
+    with open(sys.argv[1], "a") as out:
         out.write(f"{index} {start} {time.monotonic()}\\n")
+"""
 
-log, steps = sys.argv[1], int(sys.argv[2])
-for index in range(steps):
+# A run of ARG steps.
+RUN = (
+    ONE_RANK
+    + """
+for index in range(int(sys.argv[2])):
     with step(OneRank()):
         logged(index)
 """
+)
 
-# A case's set-up step, then rounds while fewer than ROUNDS are timed, then one more step.
-RUN_ROUNDS = RUN.replace(
-    "for index in range(steps):",
-    """with step(OneRank()):
+# A case: its set-up step (-1), rounds while fewer than ARG are timed, then one more step;
+# with a second ARG, the run exits at once after that many rounds.
+RUN_ROUNDS = (
+    ONE_RANK
+    + """
+wanted, exit_after = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else -1
+with step(OneRank()):
     logged(-1)
 timed = []
-for _ in timed_rounds(OneRank(), lambda: len(timed) < steps):
+for _ in timed_rounds(OneRank(), lambda: len(timed) < wanted):
+    logged(len(timed))
     timed.append(len(timed))
-    logged(len(timed) - 1)
-for index in (len(timed),):""",
-).replace("import step", "import step, timed_rounds")
+    if len(timed) == exit_after:
+        os._exit(0)
+with step(OneRank()):
+    logged(len(timed))
+"""
+)
 
 
 def _run(
-    tmp_path: Path, steps: tuple[int, int], runs: tuple[str, str] = (RUN, RUN)
+    tmp_path: Path,
+    args: tuple[tuple[int, ...], tuple[int, ...]],
+    runs: tuple[str, str] = (RUN, RUN),
 ) -> list[list[tuple[int, float, float]]]:
     scripts = [tmp_path / f"run-{side}.py" for side in (0, 1)]
     for script, run in zip(scripts, runs, strict=True):
         script.write_text(run)
     logs = [tmp_path / f"log-{side}" for side in (0, 1)]
     commands = tuple(
-        [sys.executable, str(scripts[side]), str(logs[side]), str(steps[side])] for side in (0, 1)
+        [sys.executable, str(scripts[side]), str(logs[side]), *map(str, args[side])]
+        for side in (0, 1)
     )
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     completed = run_in_lockstep(commands, (env, env), tmp_path / "turns", tmp_path)  # type: ignore[arg-type]
@@ -71,7 +98,7 @@ def _run(
 
 
 def test_the_runs_alternate_step_by_step_and_never_overlap(tmp_path: Path) -> None:
-    first, second = _run(tmp_path, (6, 6))
+    first, second = _run(tmp_path, ((6,), (6,)))
     merged = sorted(
         [(start, end, 0, index) for index, start, end in first]
         + [(start, end, 1, index) for index, start, end in second]
@@ -84,7 +111,7 @@ def test_the_runs_alternate_step_by_step_and_never_overlap(tmp_path: Path) -> No
 
 
 def test_a_run_that_ends_first_leaves_the_other_to_go_on_alone(tmp_path: Path) -> None:
-    first, second = _run(tmp_path, (2, 7))
+    first, second = _run(tmp_path, ((2,), (7,)))
     assert [index for index, _, _ in first] == [0, 1]
     assert [index for index, _, _ in second] == list(range(7))
 
@@ -108,7 +135,7 @@ def test_both_runs_time_as_many_rounds_as_the_one_that_wants_more(
 ) -> None:
     """Round r of one run stays next to round r of the other, and the step after the
     rounds too, whichever side wants more."""
-    first, second = _run(tmp_path, wanted, (RUN_ROUNDS, RUN_ROUNDS))
+    first, second = _run(tmp_path, ((wanted[0],), (wanted[1],)), (RUN_ROUNDS, RUN_ROUNDS))
     most = max(wanted)
     assert _sides_in_time(first, second) == [
         (side, index) for index in range(-1, most + 1) for side in (0, 1)
@@ -121,10 +148,57 @@ def test_rounds_go_by_their_own_wish_once_the_other_run_has_ended(
 ) -> None:
     """The other run ends after one step: the run with rounds times the 5 it wants."""
     runs = (RUN_ROUNDS, RUN) if rounds_side == 0 else (RUN, RUN_ROUNDS)
-    steps = (5, 1) if rounds_side == 0 else (1, 5)
-    logged = _run(tmp_path, steps, runs)
+    args = ((5,), (1,)) if rounds_side == 0 else ((1,), (5,))
+    logged = _run(tmp_path, args, runs)
     assert [index for index, _, _ in logged[rounds_side]] == [-1, 0, 1, 2, 3, 4, 5]
     assert [index for index, _, _ in logged[1 - rounds_side]] == [0]
+
+
+@pytest.mark.parametrize("exiting_side", [0, 1])
+def test_a_run_that_exits_in_its_rounds_leaves_the_other_to_its_own_wish(
+    tmp_path: Path, exiting_side: int
+) -> None:
+    """Both want 3 rounds, the other run 6; the one exits in its second round's turn,
+    without giving the turn back: the other goes on to its 6, alone."""
+    args = [(6,), (6,)]
+    args[exiting_side] = (3, 2)
+    logged = _run(tmp_path, (args[0], args[1]), (RUN_ROUNDS, RUN_ROUNDS))
+    assert [index for index, _, _ in logged[exiting_side]] == [-1, 0, 1]
+    assert [index for index, _, _ in logged[1 - exiting_side]] == [-1, 0, 1, 2, 3, 4, 5, 6]
+
+
+# (side, own wish, byte heard with the turn) -> whether the run times another round.
+DECISIONS = [
+    (0, True, None, True),
+    (0, False, None, False),
+    (0, False, MORE, True),
+    (0, False, ENOUGH, False),
+    (0, True, ENOUGH, True),
+    (0, False, TURN, False),  # side 1's byte from the step before the rounds
+    (1, False, ROUND, True),
+    (1, True, ROUND, True),
+    (1, False, STOP, False),
+    (1, True, STOP, True),  # out of step: never below its own wish
+    (1, True, None, True),
+    (1, False, None, False),
+    (1, False, MORE, False),  # another step's byte: its own wish
+]
+
+
+@pytest.mark.parametrize(("side", "wanted", "heard", "timed"), DECISIONS)
+def test_another_round_is_side_0s_decision_and_never_below_a_runs_own_wish(
+    side: int, wanted: bool, heard: bytes | None, timed: bool
+) -> None:
+    assert another_round(side, wanted, heard) is timed
+
+
+def test_the_byte_after_a_round_is_side_0s_decision_and_side_1s_wish() -> None:
+    assert [
+        word_after_round(0, timed, wants) for timed in (True, False) for wants in (True, False)
+    ] == [ROUND, ROUND, STOP, STOP]
+    assert [
+        word_after_round(1, timed, wants) for timed in (True, False) for wants in (True, False)
+    ] == [MORE, ENOUGH, MORE, ENOUGH]
 
 
 def test_outside_lockstep_rounds_go_while_wanted(monkeypatch: pytest.MonkeyPatch) -> None:

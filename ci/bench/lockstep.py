@@ -20,7 +20,7 @@ import os
 import select
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -73,22 +73,6 @@ class Turns:
     def give(self, word: bytes = TURN) -> None:
         os.write(self._theirs, word)
 
-    def another_round(self, wanted: bool, heard: bytes | None) -> bool:
-        """Whether both runs time another round: side 0 wants one or heard side 1 want one;
-        side 1 does what side 0 did. A run alone, or one whose byte says neither (the runs'
-        steps went apart), goes by its own wish."""
-        if self.side == 0:
-            return wanted or heard == MORE
-        if heard in (ROUND, STOP):
-            return heard == ROUND
-        return wanted
-
-    def after_round(self, timed: bool, wanted: bool) -> bytes:
-        """The byte that ends a round's turn: side 0's decision, side 1's wish."""
-        if self.side == 0:
-            return ROUND if timed else STOP
-        return MORE if wanted else ENOUGH
-
 
 _TURNS: dict[str, Turns] = {}
 
@@ -122,11 +106,29 @@ def step(world: Any) -> Iterator[None]:
             turns.give()
 
 
-def timed_rounds(world: Any, wanted: Callable[[], bool]) -> Iterator[None]:
+def another_round(side: int, wanted: bool, heard: bytes | None) -> bool:
+    """Whether a run in lockstep times another round of a case, by its own wish and the byte
+    ``heard`` with the turn: side 0 when it wants one or side 1 said MORE, side 1 when it
+    wants one or side 0 timed one (ROUND). Side 0 stops only once side 1 has said ENOUGH, so
+    in step both time the same rounds. A run alone (``heard`` None), or one that hears
+    another step's byte, goes by its own wish, never below it."""
+    return wanted or heard == (MORE if side == 0 else ROUND)
+
+
+def word_after_round(side: int, timed: bool, wants_more: bool) -> bytes:
+    """The byte that ends a run's turn in its rounds: side 0's decision, side 1's wish."""
+    if side == 0:
+        return ROUND if timed else STOP
+    return MORE if wants_more else ENOUGH
+
+
+def timed_rounds(world: Any, wanted: Callable[[], bool]) -> Generator[None, None, None]:
     """Yield once per timed round of a case, for as long as ``wanted()``; in lockstep one
-    step per round, for as long as either run wants another (``Turns.another_round``). Every
-    rank must iterate it alike, and ``wanted`` be alike on every rank; rank 0 decides and
-    tells the others."""
+    step per round, for as long as either run wants another (``another_round``). Every rank
+    iterates it alike: alone, each rank asks ``wanted``, which must then agree across
+    ranks; in lockstep, rank 0 asks, decides and tells the others. A round that raises ends
+    the rounds on both runs. Close it (``contextlib.closing``) so that a round that raises
+    gives the turn back at once."""
     value = os.environ.get(TURNS_ENV)
     if not value:
         while wanted():
@@ -134,16 +136,22 @@ def timed_rounds(world: Any, wanted: Callable[[], bool]) -> Iterator[None]:
         return
     turns = _turns(value) if world.rank == 0 else None
     while True:
-        timed = turns.another_round(wanted(), turns.take()) if turns is not None else False
+        timed = False
+        if turns is not None:
+            timed = another_round(turns.side, wanted(), turns.take())
         timed = _rank_0_says(world, timed)
+        ended = not timed
         try:
             if timed:
                 yield
+        except BaseException:
+            ended = True
+            raise
         finally:
             world.barrier()
             if turns is not None:
-                turns.give(turns.after_round(timed, wanted()))
-        if not timed:
+                turns.give(word_after_round(turns.side, not ended, not ended and wanted()))
+        if ended:
             return
 
 
@@ -151,11 +159,12 @@ def _rank_0_says(world: Any, decision: bool) -> bool:
     """Rank 0's ``decision``, on every rank; it also lines the ranks up behind rank 0."""
     if world.size == 1:
         return decision
+    import torch
     import torch.distributed as dist
 
-    said = [decision]
-    dist.broadcast_object_list(said, src=0, device=world.device)
-    return bool(said[0])
+    said = torch.tensor([int(decision)], dtype=torch.uint8, device=world.device)
+    dist.broadcast(said, src=0)
+    return bool(said.item())
 
 
 def run_in_lockstep(
@@ -173,7 +182,7 @@ def run_in_lockstep(
         os.mkfifo(_pipe(directory, side))
     held = [os.open(_pipe(directory, side), os.O_RDWR) for side in (0, 1)]
     try:
-        os.write(held[0], b"t")
+        os.write(held[0], TURN)
         logs = [directory / f"output-{side}.txt" for side in (0, 1)]
         processes = []
         for side in (0, 1):

@@ -15,6 +15,7 @@ both runs time as many rounds of a case as the one that wants more.
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,9 @@ def measure(world: Any, case: BenchCase, rounds: int, budget_s: float, workdir: 
     def wanted() -> bool:
         return len(seconds) < rounds or (sum(seconds) < budget_s and len(seconds) < MOST_ROUNDS)
 
-    for _ in timed_rounds(world, wanted):
-        seconds.append(time_max_over_ranks(world, operation.run, operation.finish))
+    with closing(timed_rounds(world, wanted)) as rounds_of_the_case:
+        for _ in rounds_of_the_case:
+            seconds.append(time_max_over_ranks(world, operation.run, operation.finish))
     with step(world):
         host, device = peak_max_over_ranks(world, operation.run, operation.finish)
     write_timings(world, {"seconds": seconds, "peak_host_bytes": host, "peak_device_bytes": device})
