@@ -1,7 +1,7 @@
 """What a comparison's benchmarks say together of one benchmark's noise.
 
-Eight pairs of runs give each benchmark's spread seven degrees of freedom, and a 99.8% t
-quantile of 4.8 where a known spread would need 3.1. The benchmarks of one comparison ran
+Five pairs of runs (the default) give each benchmark's spread four degrees of freedom, and a
+99.8% t quantile of 7.2 where a known spread would need 3.1. The benchmarks of one comparison ran
 on the same machine in the same hour, and their spreads are alike: each benchmark's
 variance of pairs' log ratios is drawn toward the variance most of them share, by an
 empirical Bayes prior (Smyth 2004, "Linear models and empirical Bayes methods for assessing

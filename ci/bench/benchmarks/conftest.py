@@ -31,8 +31,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--bench-seconds",
         type=float,
         default=0.2,
-        help="a case's rounds go on until they add up to this, up to 64 (default 0.2; 0: "
-        "exactly --bench-rounds)",
+        help="a case's rounds go on until they add up to this, up to 64, in a comparison until "
+        "both runs' do (default 0.2; 0: exactly --bench-rounds)",
     )
     group.addoption(
         "--bench-parallelisms",
