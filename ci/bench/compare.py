@@ -26,8 +26,9 @@ from ci.bench.stats import REGRESSION, compare_all
 
 REGRESSION_EXIT = 1
 NOTHING_COMPARED_EXIT = 2  # a benchmark ran on one side only, or none ran at all
-# Pairs of runs: a pair of runs of the default benchmarks takes about 2 to 2.7 minutes on a
-# 2-core machine, and 5 pairs flag most 10% slowdowns (ci/bench/sample-report/README.md).
+# Pairs of runs: a pair of runs of the default benchmarks takes about 1.7 to 2.8 minutes on a
+# 2-core machine, and 5 pairs flagged a 10% slowdown in three in four or more of those of 1 ms
+# or more (ci/bench/sample-report/README.md).
 RUNS = 5
 
 

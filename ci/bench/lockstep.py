@@ -127,8 +127,8 @@ def timed_rounds(world: Any, wanted: Callable[[], bool]) -> Generator[None, None
     step per round, for as long as either run wants another (``another_round``). Every rank
     iterates it alike: alone, each rank asks ``wanted``, which must then agree across
     ranks; in lockstep, rank 0 asks, decides and tells the others. A round that raises ends
-    the rounds on both runs. Close it (``contextlib.closing``) so that a round that raises
-    gives the turn back at once."""
+    its run's rounds, and its byte says so (STOP or ENOUGH): the other run goes on by its own
+    wish. Close it (``contextlib.closing``) so that such a round gives the turn back at once."""
     value = os.environ.get(TURNS_ENV)
     if not value:
         while wanted():
