@@ -97,25 +97,6 @@ def _run(
     ]
 
 
-def test_the_runs_alternate_step_by_step_and_never_overlap(tmp_path: Path) -> None:
-    first, second = _run(tmp_path, ((6,), (6,)))
-    merged = sorted(
-        [(start, end, 0, index) for index, start, end in first]
-        + [(start, end, 1, index) for index, start, end in second]
-    )
-    assert [(side, index) for _, _, side, index in merged] == [
-        (side, index) for index in range(6) for side in (0, 1)
-    ]
-    for (_, end, _, _), (start, _, _, _) in pairwise(merged):
-        assert end <= start
-
-
-def test_a_run_that_ends_first_leaves_the_other_to_go_on_alone(tmp_path: Path) -> None:
-    first, second = _run(tmp_path, ((2,), (7,)))
-    assert [index for index, _, _ in first] == [0, 1]
-    assert [index for index, _, _ in second] == list(range(7))
-
-
 def _sides_in_time(
     first: list[tuple[int, float, float]], second: list[tuple[int, float, float]]
 ) -> list[tuple[int, int]]:
@@ -127,6 +108,17 @@ def _sides_in_time(
     for (_, end, _, _), (start, _, _, _) in pairwise(merged):
         assert end <= start
     return [(side, index) for _, _, side, index in merged]
+
+
+def test_the_runs_alternate_step_by_step_and_never_overlap(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, ((6,), (6,)))
+    assert _sides_in_time(first, second) == [(side, index) for index in range(6) for side in (0, 1)]
+
+
+def test_a_run_that_ends_first_leaves_the_other_to_go_on_alone(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, ((2,), (7,)))
+    assert [index for index, _, _ in first] == [0, 1]
+    assert [index for index, _, _ in second] == list(range(7))
 
 
 @pytest.mark.parametrize("wanted", [(3, 6), (6, 3), (4, 4)])
@@ -158,8 +150,8 @@ def test_rounds_go_by_their_own_wish_once_the_other_run_has_ended(
 def test_a_run_that_exits_in_its_rounds_leaves_the_other_to_its_own_wish(
     tmp_path: Path, exiting_side: int
 ) -> None:
-    """Both want 3 rounds, the other run 6; the one exits in its second round's turn,
-    without giving the turn back: the other goes on to its 6, alone."""
+    """The exiting run wants 3 rounds, the other 6; the one exits in its second round's
+    turn, without giving the turn back: the other goes on to its 6, alone."""
     args = [(6,), (6,)]
     args[exiting_side] = (3, 2)
     logged = _run(tmp_path, (args[0], args[1]), (RUN_ROUNDS, RUN_ROUNDS))
