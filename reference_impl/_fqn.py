@@ -11,6 +11,8 @@ own state-dict hooks, and a modifier hook hides its level the same way.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,19 +30,19 @@ _STRIPPED_FROM_KEYS: dict[type[nn.Module], str] = {
     FullyShardedDataParallel: "_fsdp_wrapped_module",
     ActivationWrapper: "_checkpoint_wrapped_module",
 }
+_COMPILED_SEGMENT = "_orig_mod"
 
 
 def _compiled_module_type() -> type[nn.Module] | None:
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except ImportError:  # a build without dynamo: nothing is compiled
-        return None
-    return OptimizedModule
+    """``torch.compile``'s wrapper class once dynamo is imported, else None: no module is
+    compiled before that, and importing dynamo only to look would cost every process seconds."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return None if eval_frame is None else eval_frame.OptimizedModule
 
 
-_compiled = _compiled_module_type()
-if _compiled is not None:
-    _KEPT_IN_KEYS[_compiled] = "_orig_mod"
+def _kept_in_keys() -> dict[type[nn.Module], str]:
+    compiled = _compiled_module_type()
+    return _KEPT_IN_KEYS if compiled is None else {**_KEPT_IN_KEYS, compiled: _COMPILED_SEGMENT}
 
 
 def _wrapper_segment(module: nn.Module, table: dict[type[nn.Module], str]) -> str | None:
@@ -141,7 +143,10 @@ def without_wrapper_segments(name: str) -> str:
 
 
 _STRIPPED_SEGMENTS = frozenset(_STRIPPED_FROM_KEYS.values())
-_WRAPPER_SEGMENTS = _STRIPPED_SEGMENTS | ({"_orig_mod"} if _compiled is not None else set())
+# A build without dynamo compiles nothing, so no name holds compile's segment.
+_WRAPPER_SEGMENTS = _STRIPPED_SEGMENTS | (
+    {_COMPILED_SEGMENT} if importlib.util.find_spec("torch._dynamo") is not None else set()
+)
 
 
 def _walk(
@@ -155,7 +160,7 @@ def _walk(
     hidden = (
         set(getattr(module, fqn_modifiers)().values()) if hasattr(module, fqn_modifiers) else set()
     )
-    kept = _wrapper_segment(module, _KEPT_IN_KEYS)
+    kept = _wrapper_segment(module, _kept_in_keys())
     stripped = _wrapper_segment(module, _STRIPPED_FROM_KEYS)
     for name, child in module.named_children():
         if id(child) in visited:
