@@ -12,6 +12,8 @@ import pytest
 # and torch cannot be imported twice into one process: import it here once.
 import torch  # noqa: F401
 
+from tests._gate_suite import GateRun, gate_run
+
 pytest_plugins = ["pytester"]
 
 
@@ -52,3 +54,10 @@ def conformance_ids() -> list[str]:
     from tests._inner import collect_conformance
 
     return collect_conformance()
+
+
+@pytest.fixture(scope="session")
+def inner_gate_run(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    """One gate run of the inner gate suite: the gate's tests read it, the shards' tests
+    compare their runs with it (a run costs some 20 s of worlds and reports)."""
+    return gate_run(tmp_path_factory.mktemp("gate"))

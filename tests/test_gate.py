@@ -9,14 +9,12 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ci.gate.results import GateResults, TestResult
 from ci.gate.target import SUITE_ROOT
-from tests._inner import INNER_DIR
+from tests._gate_suite import GateRun
 
 pytestmark = pytest.mark.slow
 
@@ -30,87 +28,15 @@ CHROMIUM_QUIET = (
     "--disable-component-update",
     "--disable-sync",
 )
-FORK_MANIFEST = """# a fork's own manifest
-[[divergence]]
-id = "known"
-link = "https://example.org/k"
-reason = "rank 0 is never 5"
-tests = ["inner_gate.py::test_known_divergence[w2]"]
-
-[[divergence]]
-id = "fixed"
-link = "https://example.org/f"
-reason = "fails before 2.0"
-tests = ["inner_gate.py::test_fixed_in_this_build[w2]"]
-
-[[divergence]]
-id = "stale"
-link = "https://example.org/gone"
-reason = "removed long ago"
-tests = ["inner_gate.py::test_gone"]
-"""
 
 
-@dataclass(frozen=True)
-class GateRun:
-    returncode: int
-    output: str
-    out: Path
-    results: GateResults
-
-    def test(self, name: str) -> TestResult:
-        (found,) = [t for t in self.results.tests if t.nodeid == f"inner_gate.py::{name}"]
-        return found
+def test_the_gate_fails_with_pytests_status(inner_gate_run: GateRun) -> None:
+    assert inner_gate_run.returncode == 1, inner_gate_run.output
+    assert inner_gate_run.results.exit_status == 1
 
 
-def run_gate(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ci.gate", *args]
-    return subprocess.run(
-        command, cwd=SUITE_ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
-
-
-def inner_suite(work: Path) -> tuple[Path, Path]:
-    """The inner gate suite under ``work``, with the suite's manifest plugin as conformance/
-    has it, and a fork's manifest for it."""
-    suite = work / "suite"
-    suite.mkdir()
-    (suite / "inner_gate.py").write_text((INNER_DIR / "inner_gate.py").read_text())
-    (suite / "conftest.py").write_text("pytest_plugins = ['conformance.conftest']\n")
-    manifest = work / "fork-manifest.toml"
-    manifest.write_text(FORK_MANIFEST)
-    return suite, manifest
-
-
-def gate_on_inner_suite(
-    suite: Path, manifest: Path, out: Path, *gate_args: str, after: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    """The gate at world sizes 1 and 2 on ``suite``; ``after``: arguments after its ``--``."""
-    args = ["--world-sizes", "1,2", "--out", str(out), "--manifest", str(manifest), *gate_args]
-    # The rootdir is the suite's folder wherever this runs (else the common ancestor of it
-    # and the working directory, e.g. /tmp for a checkout in /tmp): node ids as in a fork.
-    test_args = [str(suite / "inner_gate.py"), f"--rootdir={suite}", "-p", "no:cacheprovider"]
-    return run_gate(*args, "--", *test_args, *after)
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
-    work = tmp_path_factory.mktemp("gate")
-    suite, manifest = inner_suite(work)
-    out = work / "report"
-    completed = gate_on_inner_suite(suite, manifest, out)
-    output = completed.stdout + completed.stderr
-    assert (out / "results.json").exists(), output
-    return GateRun(completed.returncode, output, out, GateResults.load(out / "results.json"))
-
-
-def test_the_gate_fails_with_pytests_status(gate: GateRun) -> None:
-    assert gate.returncode == 1, gate.output
-    assert gate.results.exit_status == 1
-
-
-def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
-    outcomes = {t.nodeid.split("::")[1]: t.outcome for t in gate.results.tests}
+def test_every_test_id_has_its_outcome(inner_gate_run: GateRun) -> None:
+    outcomes = {t.nodeid.split("::")[1]: t.outcome for t in inner_gate_run.results.tests}
     assert outcomes == {
         "test_agreeing_state_dicts[w1]": "passed",
         "test_agreeing_state_dicts[w2]": "passed",
@@ -126,88 +52,92 @@ def test_every_test_id_has_its_outcome(gate: GateRun) -> None:
     }
 
 
-def test_an_expected_failure_keeps_how_it_failed(gate: GateRun) -> None:
+def test_an_expected_failure_keeps_how_it_failed(inner_gate_run: GateRun) -> None:
     """So that a report shows it, and recorded durations leave out a known hang's deadline."""
-    test = gate.test("test_known_divergence[w2]")
+    test = inner_gate_run.test("test_known_divergence[w2]")
     assert test.failing_ranks == (0, 1)
     assert test.first_failure.startswith("rank 0 failed: AssertionError: assert 0 == 5")
     assert not test.cut_short
 
 
-def test_cells_that_do_not_exist_at_a_size_are_counted_apart_not_skipped(gate: GateRun) -> None:
-    assert gate.results.not_applicable == {"hsdp2": {1: 1}}
-    assert gate.results.cells()["hsdp2"] == {2: 1}
-    assert gate.results.cells()["ddp"] == {1: 1, 2: 2}
+def test_cells_that_do_not_exist_at_a_size_are_counted_apart_not_skipped(
+    inner_gate_run: GateRun,
+) -> None:
+    assert inner_gate_run.results.not_applicable == {"hsdp2": {1: 1}}
+    assert inner_gate_run.results.cells()["hsdp2"] == {2: 1}
+    assert inner_gate_run.results.cells()["ddp"] == {1: 1, 2: 2}
 
 
-def test_a_world_failure_names_the_rank_the_key_and_the_values(gate: GateRun) -> None:
-    test = gate.test("test_rank_one_differs[w2-ddp]")
+def test_a_world_failure_names_the_rank_the_key_and_the_values(inner_gate_run: GateRun) -> None:
+    test = inner_gate_run.test("test_rank_one_differs[w2-ddp]")
     assert test.failing_ranks == (1,)
     assert test.first_failure == (
         "rank 1 failed: AssertionError: fc1.weight: 1 of 2 values differ (max abs diff 1, "
         "atol=0.0, rtol=0.0); first at index (1,): got 3.0, expected 2.0"
     )
     assert (test.world_size, test.parallelism, test.check) == (2, "ddp", "inner_gate")
-    assert gate.test("test_rank_one_differs[w2-fsdp2]").parallelism == "fsdp2"
+    assert inner_gate_run.test("test_rank_one_differs[w2-fsdp2]").parallelism == "fsdp2"
 
 
-def test_a_controller_failure_has_no_ranks(gate: GateRun) -> None:
-    test = gate.test("test_plain_failure")
+def test_a_controller_failure_has_no_ranks(inner_gate_run: GateRun) -> None:
+    test = inner_gate_run.test("test_plain_failure")
     assert test.failing_ranks == ()
     assert test.world_size is None
     assert "assert {'a': 1} == {'a': 2}" in test.first_failure
 
 
-def test_skip_and_manifest_reasons_are_kept(gate: GateRun) -> None:
-    assert gate.test("test_cell_missing_at_this_size[w2]").reason == (
+def test_skip_and_manifest_reasons_are_kept(inner_gate_run: GateRun) -> None:
+    assert inner_gate_run.test("test_cell_missing_at_this_size[w2]").reason == (
         "this cell runs at world sizes (4,)"
     )
-    assert gate.test("test_known_divergence[w2]").reason == (
+    assert inner_gate_run.test("test_known_divergence[w2]").reason == (
         "rank 0 is never 5 (https://example.org/k)"
     )
 
 
-def test_a_fixed_known_divergence_is_recorded_as_xpassed_with_its_entry(gate: GateRun) -> None:
-    test = gate.test("test_fixed_in_this_build[w2]")
+def test_a_fixed_known_divergence_is_recorded_as_xpassed_with_its_entry(
+    inner_gate_run: GateRun,
+) -> None:
+    test = inner_gate_run.test("test_fixed_in_this_build[w2]")
     assert test.first_failure == "[XPASS(strict)] fails before 2.0 (https://example.org/f)"
     assert test.rerun != ""
 
 
-def test_the_execution_target_is_recorded(gate: GateRun) -> None:
+def test_the_execution_target_is_recorded(inner_gate_run: GateRun) -> None:
     import torch
 
-    target = gate.results.target
+    target = inner_gate_run.results.target
     assert target.torch_version == torch.__version__
     assert target.torch_git_hash == torch.version.git_version
     assert (target.backend, target.world_sizes) == ("gloo", (1, 2))
     assert target.suite_commit != ""
 
 
-def test_manifests_applied_and_unused_entries_are_recorded(gate: GateRun) -> None:
+def test_manifests_applied_and_unused_entries_are_recorded(inner_gate_run: GateRun) -> None:
     # Upstream's known divergences apply besides a fork's own.
-    assert [Path(p).name for p in gate.results.manifests] == [
+    assert [Path(p).name for p in inner_gate_run.results.manifests] == [
         "upstream.toml",
         "fork-manifest.toml",
     ]
-    (unused,) = gate.results.unused_entries
+    (unused,) = inner_gate_run.results.unused_entries
     assert unused.pattern == "inner_gate.py::test_gone"
     assert unused.source.endswith("fork-manifest.toml#stale")
 
 
-def test_the_release_of_the_build_is_resolved_and_reported(gate: GateRun) -> None:
+def test_the_release_of_the_build_is_resolved_and_reported(inner_gate_run: GateRun) -> None:
     import torch
 
     from conformance.divergences import release_of
 
-    release = gate.results.release
+    release = inner_gate_run.results.release
     assert release is not None
     assert release.release == str(release_of(torch.__version__))
-    report = (gate.out / "report.md").read_text()
+    report = (inner_gate_run.out / "report.md").read_text()
     assert f"| known divergences | {release.describe()} |" in report
 
 
-def test_the_rerun_command_reruns_the_failure_alone(gate: GateRun) -> None:
-    rerun = shlex.split(gate.test("test_rank_one_differs[w2-ddp]").rerun)
+def test_the_rerun_command_reruns_the_failure_alone(inner_gate_run: GateRun) -> None:
+    rerun = shlex.split(inner_gate_run.test("test_rank_one_differs[w2-ddp]").rerun)
     assert rerun[:3] == ["python", "-m", "pytest"]
     completed = subprocess.run(
         [sys.executable, *rerun[1:]],
@@ -222,24 +152,24 @@ def test_the_rerun_command_reruns_the_failure_alone(gate: GateRun) -> None:
     assert "fc1.weight: 1 of 2 values differ" in completed.stdout
 
 
-def test_junit_xml_carries_the_failing_ranks(gate: GateRun) -> None:
-    root = ET.parse(gate.out / "junit.xml").getroot()
+def test_junit_xml_carries_the_failing_ranks(inner_gate_run: GateRun) -> None:
+    root = ET.parse(inner_gate_run.out / "junit.xml").getroot()
     (case,) = [c for c in root.iter("testcase") if c.get("name") == "test_rank_one_differs[w2-ddp]"]
     properties = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert properties["failing_ranks"] == "1"
     assert properties["first_failure"].startswith("rank 1 failed: AssertionError: fc1.weight")
 
 
-def test_the_terminal_shows_progress_and_a_summary_table(gate: GateRun) -> None:
-    assert "[gate] 4/11 tests done, 1 failed, world gloo w2" in gate.output
-    assert "gate summary" in gate.output
-    (total,) = [line for line in gate.output.splitlines() if line.startswith("total ")]
+def test_the_terminal_shows_progress_and_a_summary_table(inner_gate_run: GateRun) -> None:
+    assert "[gate] 4/11 tests done, 1 failed, world gloo w2" in inner_gate_run.output
+    assert "gate summary" in inner_gate_run.output
+    (total,) = [line for line in inner_gate_run.output.splitlines() if line.startswith("total ")]
     # Columns in OUTCOMES' order: failed, error, xpassed, passed, xfailed, skipped.
     assert total.split() == ["total", "3", "0", "1", "5", "1", "1"]
 
 
-def test_the_markdown_report(gate: GateRun) -> None:
-    report = (gate.out / "report.md").read_text()
+def test_the_markdown_report(inner_gate_run: GateRun) -> None:
+    report = (inner_gate_run.out / "report.md").read_text()
     assert report.startswith("# State-dict conformance gate: FAILED (4 failing test ids)")
     assert "| ddp | ✘1 ✔2 |" in report
     assert "| hsdp2 | ✔1 |" in report
@@ -252,10 +182,10 @@ def test_the_markdown_report(gate: GateRun) -> None:
     assert "first at index (1,): got 3.0, expected 2.0" in report
     assert "| 1 | rank 0 is never 5 (https://example.org/k) |" in report
     assert "- matches no test: `" in report
-    assert f"| torch | {gate.results.target.torch_version} (git " in report
+    assert f"| torch | {inner_gate_run.results.target.torch_version} (git " in report
     for size in (1, 2):  # the plots a check drew, beside the report
         assert f"![readings-w{size}](plots/readings-w{size}.png)" in report
-        assert (gate.out / "plots" / f"readings-w{size}.png").stat().st_size > 1000
+        assert (inner_gate_run.out / "plots" / f"readings-w{size}.png").stat().st_size > 1000
 
 
 def _chromium() -> str:
@@ -279,19 +209,21 @@ def _headless(chromium: str, profile: Path, *args: str) -> str:
     return completed.stdout
 
 
-def test_the_html_report_renders_in_headless_chromium(gate: GateRun, tmp_path: Path) -> None:
+def test_the_html_report_renders_in_headless_chromium(
+    inner_gate_run: GateRun, tmp_path: Path
+) -> None:
     from PIL import Image
 
     chromium = _chromium()
-    page = (gate.out / "report.html").as_uri()
+    page = (inner_gate_run.out / "report.html").as_uri()
     dom = _headless(chromium, tmp_path / "profile", "--dump-dom", page)
     assert 'id="matrix"' in dom
     assert "inner_gate.py::test_rank_one_differs[w2-ddp]" in dom
     assert "assert {'a': 1} == {'a': 2}" in dom
-    source = (gate.out / "report.html").read_text()
+    source = (inner_gate_run.out / "report.html").read_text()
     assert "assert {&#x27;a&#x27;: 1} == {&#x27;a&#x27;: 2}" in source  # escaped, not markup
     assert '<img alt="plots/readings-w2.png" src="plots/readings-w2.png">' in source
-    shot = gate.out / "report.png"
+    shot = inner_gate_run.out / "report.png"
     _headless(
         chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,2400", page
     )

@@ -17,7 +17,7 @@ from ci.gate import durations, merge, shard
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
 from harness.machine import MachineSignature
-from tests.test_gate import gate_on_inner_suite, inner_suite
+from tests._gate_suite import GateRun, gate_on_inner_suite
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -223,28 +223,32 @@ FAILED_TITLE = "# State-dict conformance gate: FAILED (4 failing test ids)"  # t
 
 
 @pytest.fixture(scope="module")
-def whole_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, GateResults]:
+def whole_run(inner_gate_run: GateRun) -> tuple[Path, Path, GateResults]:
     """The inner suite, its fork manifest, and the results of one gate run of it."""
-    work = tmp_path_factory.mktemp("shards")
-    suite, manifest = inner_suite(work)
-    _run(work / "whole", suite, manifest)
-    assert (work / "whole" / "report.md").read_text().splitlines()[0] == FAILED_TITLE
-    return suite, manifest, GateResults.load(work / "whole" / "results.json")
+    assert (inner_gate_run.out / "report.md").read_text().splitlines()[0] == FAILED_TITLE
+    return inner_gate_run.suite, inner_gate_run.manifest, inner_gate_run.results
 
 
-def test_merged_shards_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
+@pytest.fixture(scope="module")
+def second_shard(
+    tmp_path_factory: pytest.TempPathFactory, whole_run: tuple[Path, Path, GateResults]
+) -> Path:
+    """The reports of shard 2 of 2 of the inner suite, chosen as tox passes the option."""
+    suite, manifest, _ = whole_run
+    out = tmp_path_factory.mktemp("shard2")
+    _run(out, suite, manifest, after=("--gate-shard=2/2",))
+    return out
+
+
+def test_merged_shards_report_what_one_run_does(
+    tmp_path: Path, whole_run, second_shard: Path
+) -> None:
     suite, manifest, whole = whole_run
     _run(tmp_path / "shard1", suite, manifest, "--gate-shard", "1/2")
-    _run(tmp_path / "shard2", suite, manifest, after=("--gate-shard=2/2",))  # as tox passes it
-    shards = [GateResults.load(tmp_path / f"shard{k}" / "results.json") for k in (1, 2)]
-    assert all(shard_results.tests for shard_results in shards)
+    shards = [tmp_path / "shard1", second_shard]
+    assert all(GateResults.load(shard_out / "results.json").tests for shard_out in shards)
 
-    assert (
-        merge.main(
-            [str(tmp_path / "shard1"), str(tmp_path / "shard2"), "--out", str(tmp_path / "merged")]
-        )
-        == 1
-    )
+    assert merge.main([*map(str, shards), "--out", str(tmp_path / "merged")]) == 1
     _assert_reports_one_run(tmp_path / "merged", whole)
 
 
@@ -274,15 +278,14 @@ def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -
     assert "[job 2/2] " in output
 
 
-def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run) -> None:
+def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run, second_shard: Path) -> None:
     """``--jobs`` runs the runner's shard alone, its jobs claiming its groups; a job that
     claims none (three jobs, fewer groups) does not fail the run."""
     suite, manifest, _ = whole_run
-    _run(tmp_path / "alone", suite, manifest, "--gate-shard", "2/2")
     completed = gate_on_inner_suite(
         suite, manifest, tmp_path / "jobs", "--gate-shard", "2/2", after=("--jobs=3",)
     )
-    alone = GateResults.load(tmp_path / "alone" / "results.json")
+    alone = GateResults.load(second_shard / "results.json")
     jobs = GateResults.load(tmp_path / "jobs" / "results.json")
     assert completed.returncode == alone.exit_status, completed.stdout + completed.stderr
     assert _comparable(jobs) == _comparable(alone)

@@ -33,8 +33,16 @@ def _probe(**env: str) -> dict[str, Any]:
     return caps
 
 
-def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
-    caps = _probe()
+@pytest.fixture(scope="module")
+def plain_probe() -> dict[str, Any]:
+    """What the probe reports in this session's environment (each run costs seconds)."""
+    return _probe()
+
+
+def test_the_probe_lists_every_exercised_api_with_its_signature(
+    plain_probe: dict[str, Any],
+) -> None:
+    caps = plain_probe
     assert caps["torch"] == torch.__version__
     assert caps["backends"]["gloo"] is True
     assert caps["runnable_world_sizes"]["gloo"] == [1, 2, 4, 8]
@@ -46,17 +54,17 @@ def test_the_probe_lists_every_exercised_api_with_its_signature() -> None:
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="checks a CPU-only machine's probe")
-def test_a_cpu_machine_has_no_accelerator_and_no_devices() -> None:
-    caps = _probe()
+def test_a_cpu_machine_has_no_accelerator_and_no_devices(plain_probe: dict[str, Any]) -> None:
+    caps = plain_probe
     assert (caps["accelerator"], caps["devices"]) == (None, [])
     assert "accelerator: none; devices: none;" in probe.render(caps)
 
 
-def test_a_backend_registered_by_a_preload_is_probed() -> None:
+def test_a_backend_registered_by_a_preload_is_probed(plain_probe: dict[str, Any]) -> None:
     caps = _probe(HARNESS_PRELOAD="gloo_relay_backend", PYTHONPATH=str(INNER_DIR))
     assert caps["backends"]["gloo_relay"] is True
     assert caps["runnable_world_sizes"]["gloo_relay"] == [1, 2, 4, 8]
-    assert "gloo_relay" not in _probe()["backends"]
+    assert "gloo_relay" not in plain_probe["backends"]
 
 
 def test_a_missing_api_is_named_missing(monkeypatch: pytest.MonkeyPatch) -> None:
