@@ -240,12 +240,12 @@ def _warm(setup: _Setup) -> None:
     """Import what every rank imports before its first test, in a rank's order. A failed
     import is left to the rank, which imports it again and reports the error."""
     from harness import _rank_pytest
-    from harness._preload import import_preloads
+    from harness._preload import import_preloads, import_torch
 
     sys.path[:] = setup.sys_path
     with _left_to_the_rank():
         import_preloads()
-    import torch.distributed  # noqa: F401 - the bulk of a rank's start
+    import_torch()  # the bulk of a rank's start
 
     config = _rank_pytest.make_config(setup.rootdir, setup.inifile, setup.verbosity)
     for name, path in setup.modules:

@@ -27,7 +27,7 @@ from harness._context import WorldContext
 from harness._env import CONTROLLER_ADDRESS, RANK, WORLD_DIR
 from harness._groups import KeptMeshes
 from harness._outcome import describe_exception
-from harness._preload import import_preloads
+from harness._preload import import_preloads, import_torch
 from harness.coverage import during_test, rank_coverage
 from harness.outcomes import RankStatus
 
@@ -210,6 +210,7 @@ def run(authkey: bytes) -> None:
     _export_launcher_variables(init, rank)
     try:
         import_preloads()
+        import_torch()
         _join_world(init, rank)
         loop = RankLoop(conn, init, rank)
     except BaseException:

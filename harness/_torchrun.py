@@ -32,6 +32,7 @@ from harness import _env, devices, outcomes
 from harness import _messages as msg
 from harness._context import WorldContext
 from harness._outcome import WorldOutcome
+from harness._preload import import_torch
 from harness._spec import WorldSpec
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class TorchrunWorld:
     def __init__(self, backend: str, device_type: str, ranks_per_device: int = 1) -> None:
         import torch.distributed as dist
 
+        import_torch()
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
         size = int(os.environ["WORLD_SIZE"])
