@@ -31,6 +31,8 @@ link = "https://example.org/gone"
 reason = "removed long ago"
 tests = ["inner_gate.py::test_gone"]
 """
+# The first line of the inner suite's report, by one gate run or by merged shards or jobs.
+FAILED_TITLE = "# State-dict conformance gate: FAILED (4 failing test ids)"
 
 
 @dataclass(frozen=True)

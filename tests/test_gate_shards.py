@@ -17,7 +17,7 @@ from ci.gate import durations, merge, shard
 from ci.gate.results import GateResults, TestResult
 from ci.gate.target import ExecutionTarget
 from harness.machine import MachineSignature
-from tests._gate_suite import GateRun, gate_on_inner_suite
+from tests._gate_suite import FAILED_TITLE, GateRun, gate_on_inner_suite
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -219,37 +219,24 @@ def _comparable(results: GateResults) -> dict[str, object]:
     return data
 
 
-FAILED_TITLE = "# State-dict conformance gate: FAILED (4 failing test ids)"  # the inner suite's
-
-
 @pytest.fixture(scope="module")
-def whole_run(inner_gate_run: GateRun) -> tuple[Path, Path, GateResults]:
-    """The inner suite, its fork manifest, and the results of one gate run of it."""
-    assert (inner_gate_run.out / "report.md").read_text().splitlines()[0] == FAILED_TITLE
-    return inner_gate_run.suite, inner_gate_run.manifest, inner_gate_run.results
-
-
-@pytest.fixture(scope="module")
-def second_shard(
-    tmp_path_factory: pytest.TempPathFactory, whole_run: tuple[Path, Path, GateResults]
-) -> Path:
+def second_shard(tmp_path_factory: pytest.TempPathFactory, inner_gate_run: GateRun) -> Path:
     """The reports of shard 2 of 2 of the inner suite, chosen as tox passes the option."""
-    suite, manifest, _ = whole_run
     out = tmp_path_factory.mktemp("shard2")
-    _run(out, suite, manifest, after=("--gate-shard=2/2",))
+    _run(out, inner_gate_run.suite, inner_gate_run.manifest, after=("--gate-shard=2/2",))
     return out
 
 
 def test_merged_shards_report_what_one_run_does(
-    tmp_path: Path, whole_run, second_shard: Path
+    tmp_path: Path, inner_gate_run: GateRun, second_shard: Path
 ) -> None:
-    suite, manifest, whole = whole_run
+    suite, manifest = inner_gate_run.suite, inner_gate_run.manifest
     _run(tmp_path / "shard1", suite, manifest, "--gate-shard", "1/2")
     shards = [tmp_path / "shard1", second_shard]
     assert all(GateResults.load(shard_out / "results.json").tests for shard_out in shards)
 
     assert merge.main([*map(str, shards), "--out", str(tmp_path / "merged")]) == 1
-    _assert_reports_one_run(tmp_path / "merged", whole)
+    _assert_reports_one_run(tmp_path / "merged", inner_gate_run.results)
 
 
 def _assert_reports_one_run(out: Path, whole: GateResults) -> None:
@@ -265,9 +252,13 @@ def _assert_reports_one_run(out: Path, whole: GateResults) -> None:
         assert (out / "plots" / f"readings-w{size}.png").is_file()
 
 
-def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -> None:
-    suite, manifest, whole = whole_run
-    completed = gate_on_inner_suite(suite, manifest, tmp_path / "out", "--jobs", "2")
+def test_jobs_side_by_side_report_what_one_run_does(
+    tmp_path: Path, inner_gate_run: GateRun
+) -> None:
+    whole = inner_gate_run.results
+    completed = gate_on_inner_suite(
+        inner_gate_run.suite, inner_gate_run.manifest, tmp_path / "out", "--jobs", "2"
+    )
     output = completed.stdout + completed.stderr
     assert completed.returncode == 1, output
     _assert_reports_one_run(tmp_path / "out", whole)
@@ -278,12 +269,18 @@ def test_jobs_side_by_side_report_what_one_run_does(tmp_path: Path, whole_run) -
     assert "[job 2/2] " in output
 
 
-def test_the_jobs_of_a_shard_run_that_shard(tmp_path: Path, whole_run, second_shard: Path) -> None:
+def test_the_jobs_of_a_shard_run_that_shard(
+    tmp_path: Path, inner_gate_run: GateRun, second_shard: Path
+) -> None:
     """``--jobs`` runs the runner's shard alone, its jobs claiming its groups; a job that
     claims none (three jobs, fewer groups) does not fail the run."""
-    suite, manifest, _ = whole_run
     completed = gate_on_inner_suite(
-        suite, manifest, tmp_path / "jobs", "--gate-shard", "2/2", after=("--jobs=3",)
+        inner_gate_run.suite,
+        inner_gate_run.manifest,
+        tmp_path / "jobs",
+        "--gate-shard",
+        "2/2",
+        after=("--jobs=3",),
     )
     alone = GateResults.load(second_shard / "results.json")
     jobs = GateResults.load(tmp_path / "jobs" / "results.json")
